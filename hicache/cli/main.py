@@ -1,0 +1,37 @@
+"""The ``hicache`` command line: one subcommand per job, each with ``--json``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hicache.errors import HiCacheError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hicache.cli import layout_cmd
+
+    parser = argparse.ArgumentParser(
+        prog="hicache", description="Hierarchical KV cache for hybrid-attention serving engines.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module in (layout_cmd,):
+        module.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except HiCacheError as exc:
+        print(f"hicache {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"hicache {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

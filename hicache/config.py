@@ -1,0 +1,164 @@
+"""The ``cache:`` section of a config file: one frozen config per layer, parsed at the edge.
+
+A config file has three top-level keys::
+
+    model: deepseek-v4-flash      # a name; the default L3 salt
+    layout: {...}                 # hicache.layout: families and page size
+    cache: {...}                  # this module: budgets and policies per layer
+
+Like :mod:`hicache.cache`, this module wires layers together (it knows every layer's
+config); layers themselves never import it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from hicache.errors import ConfigError
+from hicache.layout import CacheLayout
+from hicache.layout.loaders import layout_from_mapping, load_hf_config, read_config_file
+from hicache.pools import PoolConfig
+from hicache.units import parse_bytes
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+EVICTION_POLICIES = ("lru", "lfu")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """Radix tree policies: eviction order and state-snapshot retention.
+
+    ``retention_interval``: None keeps a snapshot at every published boundary; 0 keeps only
+    the latest prompt boundary and the finish boundary of each request; N > 0 also keeps
+    every N-th token boundary (N a multiple of ``page_tokens``).
+    """
+
+    eviction: str = "lru"
+    retention_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.eviction not in EVICTION_POLICIES:
+            raise ConfigError("eviction", self.eviction, f"must be one of {list(EVICTION_POLICIES)}")
+        r = self.retention_interval
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
+            raise ConfigError("retention_interval", r, "must be null, 0 or a positive token count")
+
+
+@dataclass(frozen=True)
+class WriteConfig:
+    """When device pages are backed up to the host tier."""
+
+    write_policy: str = "write_through_selective"
+    write_through_threshold: int = 2
+
+    def __post_init__(self) -> None:
+        if self.write_policy not in WRITE_POLICIES:
+            raise ConfigError("write_policy", self.write_policy, f"must be one of {list(WRITE_POLICIES)}")
+        t = self.write_through_threshold
+        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
+            raise ConfigError("write_through_threshold", t, "must be an integer >= 1")
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    """The L3 tier: backend URL, key salt and prefetch policy."""
+
+    url: str = "memory://"
+    salt: str = ""
+    prefetch_policy: str = "best_effort"
+    prefetch_timeout_s: float = 0.5
+    prefetch_threshold_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or "://" not in self.url:
+            raise ConfigError("storage_url", self.url, "must be a URL like memory://, file:///dir or redis://host:port/0")
+        if self.prefetch_policy not in PREFETCH_POLICIES:
+            raise ConfigError("prefetch_policy", self.prefetch_policy,
+                              f"must be one of {list(PREFETCH_POLICIES)}")
+        if not isinstance(self.prefetch_timeout_s, (int, float)) or self.prefetch_timeout_s <= 0:
+            raise ConfigError("prefetch_timeout_s", self.prefetch_timeout_s, "must be > 0")
+        t = self.prefetch_threshold_tokens
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise ConfigError("prefetch_threshold_tokens", t, "must be an integer >= 0")
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    """Everything a :class:`hicache.HiCache` needs besides the layout."""
+
+    pools: PoolConfig = field(default_factory=PoolConfig)
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    write: WriteConfig = field(default_factory=WriteConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+
+
+# YAML key -> (layer, field, parser)
+_BYTES = "bytes"
+_FIELDS: dict[str, tuple[str, str, Any]] = {
+    "device": ("pools", "device", None),
+    "device_bytes": ("pools", "device_bytes", _BYTES),
+    "host_bytes": ("pools", "host_bytes", _BYTES),
+    "host_ratio": ("pools", "host_ratio", None),
+    "host_layout": ("pools", "host_layout", None),
+    "state_share": ("pools", "state_share", None),
+    "host_reserve_bytes": ("pools", "host_reserve_bytes", _BYTES),
+    "eviction": ("tree", "eviction", None),
+    "retention_interval": ("tree", "retention_interval", None),
+    "write_policy": ("write", "write_policy", None),
+    "write_through_threshold": ("write", "write_through_threshold", None),
+    "storage_url": ("storage", "url", None),
+    "storage_salt": ("storage", "salt", None),
+    "prefetch_policy": ("storage", "prefetch_policy", None),
+    "prefetch_timeout_s": ("storage", "prefetch_timeout_s", None),
+    "prefetch_threshold_tokens": ("storage", "prefetch_threshold_tokens", None),
+}
+_LAYERS = {"pools": PoolConfig, "tree": TreeConfig, "write": WriteConfig, "storage": StorageConfig}
+
+
+def cache_config_from_mapping(section: Mapping | None, *, model: str = "",
+                              source: str | None = None, **overrides: Any) -> HiCacheConfig:
+    """Parse a ``cache:`` mapping (plus command-line overrides) into a :class:`HiCacheConfig`.
+
+    Unknown keys are errors, naming the key and the valid ones.
+    """
+    section = dict(section or {})
+    if not isinstance(section, dict):
+        raise ConfigError("cache", section, "must be a mapping", source=source)
+    section.update({k: v for k, v in overrides.items() if v is not None})
+    per_layer: dict[str, dict[str, Any]] = {name: {} for name in _LAYERS}
+    for key, value in section.items():
+        if key not in _FIELDS:
+            raise ConfigError(f"cache.{key}", value,
+                              f"unknown field; expected one of {sorted(_FIELDS)}", source=source)
+        layer, name, parser = _FIELDS[key]
+        if parser == _BYTES and value is not None:
+            value = parse_bytes(value, f"cache.{key}")
+        per_layer[layer][name] = value
+    if model and "salt" not in per_layer["storage"]:
+        per_layer["storage"]["salt"] = model
+    try:
+        built = {name: cls(**per_layer[name]) for name, cls in _LAYERS.items()}
+    except ConfigError as exc:
+        raise ConfigError(f"cache.{exc.field}", exc.value, exc.reason, source=source) from None
+    return HiCacheConfig(**built)
+
+
+def load_config(path: str | os.PathLike, *, hf_config: str | None = None,
+                **overrides: Any) -> tuple[CacheLayout, HiCacheConfig]:
+    """Read a config file: its layout (or the one ``hf_config`` describes) and cache config."""
+    data = read_config_file(path)
+    model = str(data.get("model", ""))
+    if hf_config is not None:
+        section = dict(data.get("layout") or {})
+        options = {k: section[k] for k in ("page_tokens", "kv_format", "indexer_format", "include_mtp")
+                   if k in section}
+        layout = layout_from_mapping({"hf_config": load_hf_config(hf_config), **options}, model=model,
+                                     source=str(hf_config))
+    else:
+        layout = layout_from_mapping(data.get("layout"), model=model, source=str(path))
+    cfg = cache_config_from_mapping(data.get("cache"), model=model, source=str(path), **overrides)
+    return layout, cfg
+

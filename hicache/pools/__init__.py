@@ -1,0 +1,59 @@
+"""Layer 1: the bytes of the device (L1) and host (L2) tiers.
+
+Interface of the layer (everything else in the package is internal):
+
+* :class:`PoolConfig` / :func:`plan_pools`: budgets -> page and snapshot counts.
+* :class:`TieredPools` (built by :func:`build_pools`): a device :class:`TierPools` and a host
+  :class:`TierPools`, each with a page anchor, a state anchor and one sidecar per family.
+* :class:`Allocation` / :class:`NoRoom`: the typed result of ``alloc``.
+
+Imports only :mod:`hicache.layout`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hicache.layout import CacheLayout
+from hicache.pools.anchor import AllocResult, Allocation, IndexAllocator, NoRoom, as_id_array
+from hicache.pools.config import PoolConfig, PoolPlan, plan_pools, resolve_device
+from hicache.pools.tier import HOST_LAYOUTS, SOURCES, ObjectSlot, SidecarPool, TierPools, object_slots
+
+
+@dataclass
+class TieredPools:
+    """The L1 and L2 pools of one cache, sized by one :class:`PoolPlan`."""
+
+    layout: CacheLayout
+    plan: PoolPlan
+    device: TierPools
+    host: TierPools
+
+    def check_integrity(self) -> None:
+        self.device.check_integrity()
+        self.host.check_integrity()
+
+
+def build_pools(layout: CacheLayout, cfg: PoolConfig, *, plan: PoolPlan | None = None) -> TieredPools:
+    """Allocate the device pools (layer_first) and host pools (``cfg.host_layout``).
+
+    Host memory is pinned when the device is CUDA, so copies run as true async DMA.
+    """
+    plan = plan or plan_pools(layout, cfg)
+    device = resolve_device(cfg.device)
+    dev = TierPools(layout, "device", num_pages=plan.device_pages,
+                    num_snapshots=plan.device_snapshots, device=device)
+    host = TierPools(layout, "host", num_pages=plan.host_pages, num_snapshots=plan.host_snapshots,
+                     device="cpu", host_layout=cfg.host_layout,
+                     pin_memory=device.type == "cuda")
+    return TieredPools(layout, plan, dev, host)
+
+
+__all__ = [
+    "AllocResult", "Allocation", "IndexAllocator", "NoRoom", "as_id_array",
+    "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
+    "HOST_LAYOUTS", "SOURCES", "ObjectSlot", "SidecarPool", "TierPools", "object_slots",
+    "TieredPools", "build_pools",
+]

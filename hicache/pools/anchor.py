@@ -1,0 +1,147 @@
+"""Anchors: pure index allocators that own no bytes.
+
+A tier has two anchors. The *page anchor* hands out history page ids; the *state anchor*
+hands out snapshot ids. Every family's pool (a *sidecar*) is indexed by the id of the
+anchor it names, so one allocation yields the row in every family at once::
+
+    page anchor:   alloc(2) -> [7, 3]
+    c4_kv pool:        rows 7 and 3 (all layers)
+    c4_indexer pool:   rows 7 and 3
+    c128_kv pool:      rows 7 and 3
+
+The free list is a numpy stack so allocating or freeing thousands of ids is a few vector
+operations; a ``used`` bitmap catches double allocation and double free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+import torch
+
+from hicache.errors import MisuseError
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A successful allocation: ``ids`` is an int64 CPU tensor of distinct ids."""
+
+    ids: torch.Tensor
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return int(self.ids.numel())
+
+
+@dataclass(frozen=True)
+class NoRoom:
+    """An allocation that could not be served; nothing was allocated.
+
+    ``available`` is how many ids were free; ``blocked_by`` names the sidecar that refused
+    when the anchor itself had room (``None`` when the anchor ran out).
+    """
+
+    requested: int
+    available: int
+    blocked_by: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return False
+
+
+AllocResult = Union[Allocation, NoRoom]
+
+
+def as_id_array(ids: object, *, what: str = "ids") -> np.ndarray:
+    """Normalise a tensor / list / array of ids to a 1-D int64 numpy array (a copy)."""
+    if isinstance(ids, torch.Tensor):
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise MisuseError(f"{what} must be integers, got dtype {ids.dtype}")
+        arr = ids.detach().to("cpu", torch.int64).numpy().copy()
+    else:
+        arr = np.asarray(ids)
+        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+            raise MisuseError(f"{what} must be integers, got {arr.dtype}")
+        arr = arr.astype(np.int64, copy=True)
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    return arr
+
+
+class IndexAllocator:
+    """A fixed-capacity allocator of integer ids ``[0, capacity)``; owns no bytes."""
+
+    def __init__(self, name: str, capacity: int):
+        assert capacity >= 0, f"{name}: capacity must be >= 0, got {capacity}"
+        self.name = name
+        self.capacity = capacity
+        # Low ids on top of the stack first: a fresh pool hands out 0, 1, 2, ...
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
+        self._top = capacity
+        self._used = np.zeros(capacity, dtype=bool)
+
+    @property
+    def num_free(self) -> int:
+        return self._top
+
+    @property
+    def num_used(self) -> int:
+        return self.capacity - self._top
+
+    def alloc(self, n: int) -> AllocResult:
+        """Allocate ``n`` distinct ids, or return :class:`NoRoom` and allocate nothing."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise MisuseError(f"{self.name}: alloc count must be an integer >= 0, got {n!r}")
+        n = int(n)
+        if n > self._top:
+            return NoRoom(requested=n, available=self._top)
+        ids = self._free[self._top - n: self._top][::-1].copy()
+        assert not self._used[ids].any(), f"{self.name}: free list holds a used id"
+        self._top -= n
+        self._used[ids] = True
+        return Allocation(torch.from_numpy(ids))
+
+    def check_ids(self, arr: np.ndarray, *, must_be_used: bool) -> None:
+        """Raise :class:`MisuseError` for out-of-range, duplicate or wrong-state ids."""
+        if arr.size == 0:
+            return
+        bad = arr[(arr < 0) | (arr >= self.capacity)]
+        if bad.size:
+            raise MisuseError(f"{self.name}: id {int(bad[0])} out of range [0, {self.capacity})")
+        uniq, counts = np.unique(arr, return_counts=True)
+        if (counts > 1).any():
+            raise MisuseError(f"{self.name}: id {int(uniq[counts > 1][0])} given twice")
+        state = self._used[arr]
+        wrong = arr[~state] if must_be_used else arr[state]
+        if wrong.size:
+            what = "is not allocated (double free?)" if must_be_used else "is already allocated"
+            raise MisuseError(f"{self.name}: id {int(wrong[0])} {what}")
+
+    def free(self, ids: object) -> None:
+        """Return ids to the pool. Freeing an id that is not allocated raises."""
+        arr = as_id_array(ids)
+        self.check_ids(arr, must_be_used=True)
+        self._used[arr] = False
+        self._free[self._top: self._top + arr.size] = arr[::-1]
+        self._top += arr.size
+
+    def is_used(self, ids: object) -> np.ndarray:
+        arr = as_id_array(ids)
+        return self._used[arr]
+
+    def used_ids(self) -> np.ndarray:
+        return np.flatnonzero(self._used)
+
+    def check_integrity(self) -> None:
+        """Assert free + used == capacity and the free stack matches the bitmap."""
+        free = self._free[: self._top]
+        assert self._top + int(self._used.sum()) == self.capacity, (
+            f"{self.name}: free {self._top} + used {int(self._used.sum())} != {self.capacity}")
+        assert np.unique(free).size == free.size, f"{self.name}: duplicate id in free list"
+        assert not self._used[free].any(), f"{self.name}: an id is both free and used"

@@ -1,0 +1,142 @@
+"""Pool sizing: from byte budgets to page and snapshot counts per tier.
+
+Each tier's budget is split between history pages and state snapshots by
+``state_share`` (layouts without state put everything into pages)::
+
+    device_bytes = 8 GiB, state_share 0.2, page 0.94 MiB, snapshot 4.07 MB
+      -> pages     = floor(8 GiB * 0.8 / 0.94 MiB)
+      -> snapshots = floor(8 GiB * 0.2 / 4.07 MB)
+
+The host budget is ``host_bytes`` or ``host_ratio`` x the device budget; a host budget
+over the available memory minus ``host_reserve_bytes`` is refused, because an oversized
+pinned pool takes the machine down rather than failing cleanly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from hicache.errors import ConfigError
+from hicache.layout import CacheLayout
+from hicache.pools.tier import HOST_LAYOUTS
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    """Budgets and layouts of the device (L1) and host (L2) pools.
+
+    Counts (``device_pages`` ...) override the byte budgets when given; tests use them.
+    """
+
+    device: str = "cpu"
+    device_bytes: int = 1 * GiB
+    host_bytes: int | None = None
+    host_ratio: float = 2.0
+    host_layout: str = "page_first"
+    state_share: float = 0.2
+    host_reserve_bytes: int = 2 * GiB
+    device_pages: int | None = None
+    device_snapshots: int | None = None
+    host_pages: int | None = None
+    host_snapshots: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.host_layout not in HOST_LAYOUTS:
+            raise ConfigError("host_layout", self.host_layout, f"must be one of {list(HOST_LAYOUTS)}")
+        for name in ("device_bytes", "host_reserve_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(name, v, "must be a positive number of bytes")
+        if self.host_bytes is not None and (not isinstance(self.host_bytes, int) or self.host_bytes <= 0):
+            raise ConfigError("host_bytes", self.host_bytes, "must be a positive number of bytes")
+        if not isinstance(self.host_ratio, (int, float)) or self.host_ratio <= 0:
+            raise ConfigError("host_ratio", self.host_ratio, "must be > 0")
+        if not isinstance(self.state_share, (int, float)) or not 0 < self.state_share < 1:
+            raise ConfigError("state_share", self.state_share, "must be between 0 and 1 (exclusive)")
+        for name in ("device_pages", "device_snapshots", "host_pages", "host_snapshots"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(name, v, "must be an integer >= 0")
+        if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
+            raise ConfigError("device", self.device, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
+
+
+@dataclass(frozen=True)
+class PoolPlan:
+    """How many pages and snapshots each tier holds, and what that costs."""
+
+    device_pages: int
+    device_snapshots: int
+    host_pages: int
+    host_snapshots: int
+    page_bytes: int
+    snapshot_bytes: int
+
+    @property
+    def device_bytes(self) -> int:
+        return self.device_pages * self.page_bytes + self.device_snapshots * self.snapshot_bytes
+
+    @property
+    def host_bytes(self) -> int:
+        return self.host_pages * self.page_bytes + self.host_snapshots * self.snapshot_bytes
+
+
+def resolve_device(name: str) -> "torch.device":
+    """``auto`` -> ``cuda`` when a GPU is present, else ``cpu``."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError("device", name, "no CUDA device is available; use 'cpu' or 'auto'")
+    return torch.device(name)
+
+
+def _split(budget: int, field: str, page_bytes: int, snap_bytes: int, share: float) -> tuple[int, int]:
+    if snap_bytes == 0:
+        pages, snaps = budget // page_bytes, 0
+    else:
+        pages = int(budget * (1 - share)) // page_bytes
+        snaps = int(budget * share) // snap_bytes
+    if pages < 1:
+        raise ConfigError(field, budget, f"is smaller than one history page ({page_bytes} bytes)")
+    if snap_bytes and snaps < 1:
+        raise ConfigError(field, budget,
+                          f"leaves no room for one state snapshot ({snap_bytes} bytes) at "
+                          f"state_share={share}")
+    return pages, snaps
+
+
+def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | None = None) -> PoolPlan:
+    """Turn budgets into counts, refusing a host pool the machine cannot hold."""
+    page_bytes = layout.object_bytes("page")
+    snap_bytes = layout.object_bytes("state")
+    assert page_bytes > 0, "a layout has at least one history family with bytes"
+    dev_pages, dev_snaps = _split(cfg.device_bytes, "device_bytes", page_bytes, snap_bytes,
+                                  cfg.state_share)
+    host_budget = cfg.host_bytes if cfg.host_bytes is not None else int(cfg.device_bytes * cfg.host_ratio)
+    host_field = "host_bytes" if cfg.host_bytes is not None else "host_ratio"
+    host_pages, host_snaps = _split(host_budget, host_field, page_bytes, snap_bytes, cfg.state_share)
+    dev_pages = cfg.device_pages if cfg.device_pages is not None else dev_pages
+    dev_snaps = cfg.device_snapshots if cfg.device_snapshots is not None else dev_snaps
+    host_pages = cfg.host_pages if cfg.host_pages is not None else host_pages
+    host_snaps = cfg.host_snapshots if cfg.host_snapshots is not None else host_snaps
+    plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes)
+    avail = psutil.virtual_memory().available if available_bytes is None else available_bytes
+    limit = avail - cfg.host_reserve_bytes
+    if plan.host_bytes > limit:
+        value = cfg.host_bytes if cfg.host_bytes is not None else cfg.host_ratio
+        raise ConfigError(host_field, value,
+                          f"asks for a {plan.host_bytes / GiB:.2f} GiB host pool but only "
+                          f"{max(limit, 0) / GiB:.2f} GiB is available ({avail / GiB:.2f} GiB free "
+                          f"minus a {cfg.host_reserve_bytes / GiB:.2f} GiB reserve)")
+    if resolve_device(cfg.device).type == "cpu" and plan.device_bytes + plan.host_bytes > limit:
+        raise ConfigError("device_bytes", cfg.device_bytes,
+                          f"with the device tier on the CPU, device + host pools need "
+                          f"{(plan.device_bytes + plan.host_bytes) / GiB:.2f} GiB but only "
+                          f"{max(limit, 0) / GiB:.2f} GiB is available ({avail / GiB:.2f} GiB free "
+                          f"minus a {cfg.host_reserve_bytes / GiB:.2f} GiB reserve)")
+    return plan

@@ -1,0 +1,42 @@
+"""Byte sizes as people write them ("8GiB", "512 MiB", 1048576) and back."""
+
+from __future__ import annotations
+
+import re
+
+from hicache.errors import ConfigError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+}
+
+
+def parse_bytes(value: object, field: str) -> int:
+    """Parse an int or a string like ``"8GiB"`` / ``"1.5 GB"`` into a positive byte count."""
+    if isinstance(value, bool):
+        raise ConfigError(field, value, "must be a byte size like 8GiB")
+    if isinstance(value, (int, float)):
+        n = value
+    elif isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(field, value, "must be a byte size like 8GiB, 512MiB or 1073741824")
+        n = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    else:
+        raise ConfigError(field, value, "must be a byte size like 8GiB")
+    if n <= 0:
+        raise ConfigError(field, value, "must be > 0")
+    return int(n)
+
+
+def format_bytes(n: float) -> str:
+    """``1536 -> '1.5 KiB'``: binary units, three significant digits."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

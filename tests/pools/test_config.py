@@ -1,0 +1,102 @@
+"""Budgets -> counts, the host-memory guard, and the cache config parser."""
+
+from __future__ import annotations
+
+import pytest
+
+from hicache.config import HiCacheConfig, cache_config_from_mapping, load_config
+from hicache.errors import ConfigError
+from hicache.layout import CacheLayout
+from hicache.pools import PoolConfig, build_pools, plan_pools
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+def flash(configs_dir) -> CacheLayout:
+    return CacheLayout.from_yaml(configs_dir / "deepseek-v4-flash.yaml")
+
+
+def test_plan_splits_budget_by_state_share(configs_dir):
+    lay = flash(configs_dir)
+    plan = plan_pools(lay, PoolConfig(device_bytes=GiB, host_ratio=2, state_share=0.25),
+                      available_bytes=100 * GiB)
+    assert plan.page_bytes == lay.history_bytes_per_page == 985664
+    assert plan.snapshot_bytes == lay.state_bytes_per_snapshot
+    assert plan.device_pages == int(GiB * 0.75) // 985664
+    assert plan.device_snapshots == int(GiB * 0.25) // lay.state_bytes_per_snapshot
+    assert plan.host_pages == int(2 * GiB * 0.75) // 985664
+    assert plan.device_bytes <= GiB and plan.host_bytes <= 2 * GiB
+
+
+def test_plan_without_state_puts_everything_in_pages():
+    lay = CacheLayout.from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 32},
+                                     page_tokens=16)
+    plan = plan_pools(lay, PoolConfig(device_bytes=MiB, host_bytes=4 * MiB), available_bytes=100 * GiB)
+    assert plan.device_snapshots == 0 and plan.device_pages == MiB // lay.history_bytes_per_page
+    assert plan.host_pages == 4 * MiB // lay.history_bytes_per_page
+
+
+def test_host_budget_over_available_memory_is_refused(configs_dir):
+    cfg = PoolConfig(device_bytes=GiB, host_bytes=64 * GiB, host_reserve_bytes=2 * GiB)
+    with pytest.raises(ConfigError, match="only 14.00 GiB is available") as exc:
+        plan_pools(flash(configs_dir), cfg, available_bytes=16 * GiB)
+    assert exc.value.field == "host_bytes"
+    with pytest.raises(ConfigError) as exc:
+        plan_pools(flash(configs_dir), PoolConfig(device="cpu", device_bytes=GiB, host_ratio=8),
+                   available_bytes=8 * GiB)
+    assert exc.value.field in ("host_ratio", "device_bytes")
+
+
+def test_budget_too_small_for_one_page(configs_dir):
+    with pytest.raises(ConfigError, match="smaller than one history page") as exc:
+        plan_pools(flash(configs_dir), PoolConfig(device_bytes=1000), available_bytes=100 * GiB)
+    assert exc.value.field == "device_bytes"
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(device_bytes=0), "device_bytes"), (dict(device_bytes=-5), "device_bytes"),
+    (dict(host_ratio=0), "host_ratio"), (dict(state_share=1.0), "state_share"),
+    (dict(host_layout="page_last"), "host_layout"), (dict(device="tpu"), "device"),
+    (dict(device_pages=-1), "device_pages"), (dict(host_bytes=0), "host_bytes"),
+])
+def test_pool_config_bad_input(kwargs, field):
+    with pytest.raises(ConfigError) as exc:
+        PoolConfig(**kwargs)
+    assert exc.value.field == field
+
+
+def test_build_pools_from_tiny_config(configs_dir):
+    layout, cfg = load_config(configs_dir / "tiny-hybrid.yaml")
+    pools = build_pools(layout, cfg.pools)
+    assert pools.device.device.type == "cpu" and pools.host.host_layout == "page_first"
+    assert pools.plan.host_bytes <= 1 * MiB and pools.plan.device_bytes <= 256 * 1024
+    ids = pools.host.alloc("page", 3).ids
+    assert pools.device.alloc("state", 1).ok
+    pools.host.free("page", ids)
+    pools.check_integrity()
+
+
+def test_cache_config_parsing_and_errors():
+    cfg = cache_config_from_mapping({"device_bytes": "2GiB", "host_ratio": 4, "retention_interval": 0,
+                                     "storage_url": "redis://127.0.0.1:6379/0"}, model="m")
+    assert isinstance(cfg, HiCacheConfig)
+    assert cfg.pools.device_bytes == 2 * GiB and cfg.tree.retention_interval == 0
+    assert cfg.storage.salt == "m"
+    for bad, field in [({"device_byte": 1}, "cache.device_byte"),
+                       ({"device_bytes": "lots"}, "cache.device_bytes"),
+                       ({"write_policy": "sometimes"}, "cache.write_policy"),
+                       ({"eviction": "random"}, "cache.eviction"),
+                       ({"retention_interval": -1}, "cache.retention_interval"),
+                       ({"storage_url": "localhost"}, "cache.storage_url"),
+                       ({"prefetch_policy": "eager"}, "cache.prefetch_policy"),
+                       ({"write_through_threshold": 0}, "cache.write_through_threshold")]:
+        with pytest.raises(ConfigError) as exc:
+            cache_config_from_mapping(bad)
+        assert exc.value.field == field, bad
+
+
+def test_load_config_with_hf_override(configs_dir, fixtures_dir):
+    layout, _ = load_config(configs_dir / "deepseek-v4-flash.yaml",
+                            hf_config=str(fixtures_dir / "deepseek-v4-flash.config.json"))
+    assert layout.fingerprint == CacheLayout.from_yaml(configs_dir / "deepseek-v4-flash.yaml").fingerprint
