@@ -11,7 +11,9 @@ import importlib
 
 # name -> (module, one-line help). Modules are imported lazily so a missing optional
 # dependency of one benchmark never breaks the others.
-BENCHES: dict[str, tuple[str, str]] = {}
+BENCHES: dict[str, tuple[str, str]] = {
+    "tree": ("hicache.cli.bench_tree", "match / load / publish cost of the radix tree for long prompts"),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

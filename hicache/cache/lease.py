@@ -1,0 +1,76 @@
+"""A running request's hold on the cache.
+
+A lease holds *borrowed* prefix pages (tree pages, locked for its lifetime) and *owned*
+suffix pages (allocated for it, not yet published)::
+
+    page_table:  [ borrowed (locked tree pages) | published by this request | owned ]
+                 0                          resume                      published  len
+
+Publishing moves owned pages into the tree (ownership transfer, no copy); they stay locked
+until :meth:`HiCache.release`. The lease also pins the snapshot it resumed from and the
+newest snapshot it published.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hicache.tree import Snapshot, TreeNode
+
+
+@dataclass(eq=False)
+class Lease:
+    """Returned by :meth:`HiCache.load`; pass it to ``alloc_pages``, ``publish``, ``release``.
+
+    ``page_table[i]`` is the device page id holding tokens ``[i*P, (i+1)*P)``.
+    ``snapshot_id`` is the device state id holding the snapshot for ``resume_tokens``
+    (``None`` when the layout has no state or the resume point is 0).
+    """
+
+    lease_id: int
+    tokens: np.ndarray
+    resume_tokens: int
+    page_table: list[int]
+    snapshot_id: int | None
+    page_tokens: int
+    loaded_tokens: int = 0  # of resume_tokens, how many were loaded from the host
+    owned: set[int] = field(default_factory=set)
+    published_pages: int = 0
+    released: bool = False
+    _locked_node: TreeNode | None = None
+    _resume_snapshot: Snapshot | None = None
+    _newest_snapshot: Snapshot | None = None
+    _provisional: tuple[TreeNode, Snapshot] | None = None
+    _unpublished_snapshots: set[int] = field(default_factory=set)
+    _deps: list[Any] = field(default_factory=list)
+    _step: Any = None  # callable that launches queued copies (so wait() cannot deadlock)
+
+    @property
+    def resume_pages(self) -> int:
+        return self.resume_tokens // self.page_tokens
+
+    def ready(self) -> bool:
+        """True once every load this lease depends on has finished (ok or not)."""
+        return all(h.done() for h in self._deps)
+
+    @property
+    def ok(self) -> bool:
+        """False if a load this lease depends on failed: recompute instead (release it)."""
+        return all(h.ok for h in self._deps if h.done())
+
+    def wait(self, layer: int | None = None, timeout: float | None = None) -> bool:
+        """Block until the prefix (or just model layer ``layer`` of it) is on the device.
+
+        Returns False if a load failed; the engine should then release the lease and
+        recompute. Waiting per layer lets layer N compute while later layers still load.
+        """
+        if self._deps and self._step is not None:
+            self._step()
+        for h in self._deps:
+            done = h.wait(timeout=timeout) if layer is None else h.wait_layer(layer, timeout=timeout)
+            if not done:
+                return False
+        return self.ok

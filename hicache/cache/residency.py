@@ -1,0 +1,291 @@
+"""Who lives where: eviction per tier, backups (write policies) and copy acks.
+
+A mixin of :class:`hicache.cache.HiCache`; split out to keep the facade readable. Every
+id the tree gives up is freed here, in the pools, and nowhere else.
+
+Device eviction of a node (leaf-first, unlocked, no copy in flight)::
+
+    on host too        -> demote: free device ids, node becomes a shadow (still matches)
+    write_back policy  -> back up now (synchronously, one batched copy), then demote
+    otherwise          -> drop: free device ids, remove the node (and any shadow subtree)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from hicache.tree import Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
+
+
+@dataclass(eq=False)
+class PageBackup:
+    """An in-flight D2H copy of the pages of ``nodes`` (device ids -> host ids)."""
+
+    nodes: list[TreeNode]
+    src: np.ndarray
+    dst: np.ndarray
+
+
+@dataclass(eq=False)
+class SnapshotBackup:
+    snap: Snapshot
+    src: int
+    dst: int
+
+
+@dataclass(eq=False)
+class Load:
+    """An in-flight H2D copy for one lease: its shadow nodes, or its snapshot.
+
+    The nodes are host-locked (``lock_host``) until the ack so their source rows stay.
+    """
+
+    nodes: list[TreeNode] = field(default_factory=list)
+    page_dst: np.ndarray | None = None
+    snap: Snapshot | None = None
+    snap_src: int | None = None
+    snap_dst: int | None = None
+
+
+class ResidencyMixin:
+    """Eviction, backup and ack handling; expects the attributes HiCache sets up."""
+
+    # -- helpers ------------------------------------------------------------------------
+    def _busy(self, node: TreeNode) -> bool:
+        snap = node.snapshot
+        return node.node_id in self._loading or (snap is not None and (snap.backup_pending or
+                                                                       id(snap) in self._loading_snaps))
+
+    def _free(self, tier: str, source: str, ids: Iterable[int] | np.ndarray) -> None:
+        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64)
+        if arr.size:
+            getattr(self.pools, tier).free(source, arr)
+
+    def _drop_snapshot(self, node: TreeNode) -> None:
+        snap = node.snapshot
+        if snap is None:
+            return
+        assert snap.lock == 0 and not snap.backup_pending, f"dropping a pinned snapshot on {node}"
+        if snap.device_id is not None:
+            self._free("device", "state", [snap.device_id])
+        if snap.host_id is not None:
+            self._free("host", "state", [snap.host_id])
+        node.snapshot = None
+
+    def _remove_subtree(self, node: TreeNode) -> int:
+        """Free every copy under and including ``node`` and detach it; returns host pages freed."""
+        freed = 0
+        order, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        for n in reversed(order):  # children first
+            assert n.lock_device == 0 and n.lock_host == 0, f"removing locked {n}"
+            if n.device_ids is not None:
+                self._free("device", "page", n.device_ids)
+                n.device_ids = None
+            if n.host_ids is not None:
+                freed += len(n.host_ids)
+                self._free("host", "page", n.host_ids)
+                n.host_ids = None
+            self._drop_snapshot(n)
+            self.tree.remove(n)
+        return freed
+
+    def _alloc(self, tier: str, source: str, n: int):
+        pools = getattr(self.pools, tier)
+        short = n - pools.num_free(source)
+        if short > 0:
+            evict = {("device", "page"): self._evict_device_pages,
+                     ("host", "page"): self._evict_host_pages,
+                     ("device", "state"): lambda k: self._evict_snapshots("device", k),
+                     ("host", "state"): lambda k: self._evict_snapshots("host", k)}[(tier, source)]
+            evict(short)
+        return pools.alloc(source, n)
+
+    # -- eviction -----------------------------------------------------------------------
+    def _evict_device_pages(self, need: int) -> int:
+        freed, to_backup = 0, []
+        for node in device_victims(self.tree, self.strategy, busy=self._busy):
+            if freed >= need:
+                break
+            k = node.num_pages
+            if node.on_host:
+                self._free("device", "page", node.device_ids)
+                node.device_ids = None
+                self.counters.device_demoted_pages += k
+            elif self.config.write.write_policy == "write_back":
+                to_backup.append(node)
+            else:
+                self.counters.device_evicted_pages += k
+                node.device_ids, ids = None, node.device_ids
+                self._free("device", "page", ids)
+                if not node.on_host:
+                    self._remove_subtree(node)
+            freed += k
+        if to_backup:
+            self._backup_nodes(to_backup, sync=True)
+            for node in to_backup:
+                if node.parent is None:
+                    continue
+                ids, node.device_ids = node.device_ids, None
+                self._free("device", "page", ids)
+                if node.on_host:
+                    self.counters.device_demoted_pages += node.num_pages
+                else:
+                    self.counters.device_evicted_pages += node.num_pages
+                    self._remove_subtree(node)
+        return freed
+
+    def _evict_host_pages(self, need: int) -> int:
+        freed = 0
+        for node in host_victims(self.tree, self.strategy):
+            if freed >= need:
+                break
+            if self._busy(node) or (node.snapshot is not None and node.snapshot.lock):
+                continue
+            freed += self._remove_subtree(node)
+            self.counters.host_evicted_pages += node.num_pages
+        return freed
+
+    def _evict_snapshots(self, tier: str, need: int) -> int:
+        freed, to_backup = 0, []
+        for node, snap in snapshot_victims(self.tree, self.strategy, tier):
+            if freed >= need:
+                break
+            if id(snap) in self._loading_snaps:
+                continue
+            if tier == "host":
+                self._free("host", "state", [snap.host_id])
+                snap.host_id = None
+                self.counters.snapshots_evicted_host += 1
+            elif snap.host_id is not None:
+                self._free("device", "state", [snap.device_id])
+                snap.device_id = None
+            elif self.config.write.write_policy == "write_back":
+                to_backup.append((node, snap))
+            else:
+                self._free("device", "state", [snap.device_id])
+                snap.device_id = None
+                self.counters.snapshots_evicted_device += 1
+            if snap.empty and node.snapshot is snap:
+                node.snapshot = None
+            freed += 1
+        if to_backup:
+            self._backup_snapshots([s for _, s in to_backup], sync=True)
+            for node, snap in to_backup:
+                self._free("device", "state", [snap.device_id])
+                snap.device_id = None
+                if snap.empty:
+                    self.counters.snapshots_evicted_device += 1
+                    node.snapshot = None
+        return freed
+
+    # -- backups ------------------------------------------------------------------------
+    def _backup_nodes(self, nodes: list[TreeNode], *, sync: bool = False) -> None:
+        nodes = [n for n in nodes if n.on_device and not n.on_host and n.backup_pending == 0
+                 and n.node_id not in self._loading and n.parent is not None]
+        if not nodes:
+            return
+        src = np.concatenate([n.device_ids for n in nodes])
+        for n in nodes:  # pin before host eviction can look at them
+            n.backup_pending += 1
+        alloc = self._alloc("host", "page", len(src))
+        if not alloc.ok:
+            for n in nodes:
+                n.backup_pending -= 1
+            self.counters.backup_skipped_no_room += 1
+            return
+        tag = PageBackup(nodes, src, alloc.ids.numpy())
+        self._submit("d2h", "page", src, tag.dst, tag, sync=sync)
+        self.counters.backups += 1
+
+    def _backup_snapshots(self, snaps: list[Snapshot], *, sync: bool = False) -> None:
+        snaps = [s for s in snaps if s.device_id is not None and s.host_id is None and not s.backup_pending]
+        for snap in snaps:
+            snap.backup_pending = True
+            alloc = self._alloc("host", "state", 1)
+            if not alloc.ok:
+                snap.backup_pending = False
+                self.counters.backup_skipped_no_room += 1
+                continue
+            tag = SnapshotBackup(snap, snap.device_id, int(alloc.ids[0]))
+            self._submit("d2h", "state", np.asarray([tag.src]), np.asarray([tag.dst]), tag, sync=sync)
+
+    def _submit(self, direction: str, source: str, src: np.ndarray, dst: np.ndarray, tag: Any,
+                *, sync: bool = False):
+        handle = self.ctl.copy(direction, source, src, dst, tag=tag)
+        self._inflight[id(tag)] = tag
+        if sync:
+            self.ctl.step()
+            handle.wait()
+            self._process_acks()
+        return handle
+
+    # -- acks ---------------------------------------------------------------------------
+    def _process_acks(self) -> int:
+        acks = self.ctl.poll()
+        for ack in acks:
+            tag = ack.tag
+            self._inflight.pop(id(tag), None)
+            if isinstance(tag, PageBackup):
+                self._ack_page_backup(tag, ack.ok)
+            elif isinstance(tag, SnapshotBackup):
+                tag.snap.backup_pending = False
+                if ack.ok and tag.snap.device_id is not None:
+                    tag.snap.host_id = tag.dst
+                    self.counters.snapshots_backed_up += 1
+                else:
+                    self._free("host", "state", [tag.dst])
+                    self.counters.backup_failures += not ack.ok
+            elif isinstance(tag, Load):
+                self._ack_load(tag, ack.ok)
+        return len(acks)
+
+    def _ack_page_backup(self, tag: PageBackup, ok: bool) -> None:
+        mapping = dict(zip(tag.src.tolist(), tag.dst.tolist()))
+        used: set[int] = set()
+        seen: set[int] = set()
+        for start in tag.nodes:
+            for node in start.iter_ancestors():  # a split may have moved pages to new parents
+                if node.node_id in seen or node.backup_pending == 0 or node.device_ids is None:
+                    break
+                ids = node.device_ids.tolist()
+                if not all(i in mapping for i in ids):
+                    break
+                seen.add(node.node_id)
+                node.backup_pending -= 1
+                if ok and node.host_ids is None:
+                    node.host_ids = np.asarray([mapping[i] for i in ids], np.int64)
+                    used.update(node.host_ids.tolist())
+                    self.counters.backed_up_pages += len(ids)
+        leftover = [d for d in tag.dst.tolist() if d not in used]
+        self._free("host", "page", leftover)
+        if not ok:
+            self.counters.backup_failures += 1
+
+    def _ack_load(self, tag: Load, ok: bool) -> None:
+        for node in tag.nodes:
+            self._loading.pop(node.node_id, None)
+            node.lock_host -= 1
+            if not ok:
+                # The device copy never arrived: back to a shadow. Dependent leases see the
+                # failure through their handles and must not publish (publish checks).
+                assert not any(c.on_device for c in node.children.values()), \
+                    f"{node}: device children under a failed load"
+                self._free("device", "page", node.device_ids)
+                node.device_ids = None
+        if tag.snap is not None:
+            self._loading_snaps.pop(id(tag.snap), None)
+            if not ok:
+                self._free("device", "state", [tag.snap.device_id])
+                tag.snap.device_id = None
+        if ok:
+            self.counters.loaded_pages += sum(n.num_pages for n in tag.nodes)
+            self.counters.snapshots_loaded += tag.snap is not None
+        else:
+            self.counters.load_failures += 1

@@ -1,0 +1,96 @@
+"""Typed results of the engine-facing API: what a match found, what a request holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """What the cache holds for a token sequence (a pure lookup: nothing is locked).
+
+    ``resume_tokens`` (b) is the usable hit: every history page of ``[0, b)`` is on the
+    device or host and, for layouts with state, a snapshot for ``b`` is resident. It is a
+    multiple of ``page_tokens`` and at most ``len(tokens) - 1``, so at least one token is
+    computed. ``device_tokens`` of it are on the device; ``host_tokens`` must be loaded.
+    ``history_tokens`` is the longest complete history chain (it may exceed b when no
+    snapshot sits deeper). ``l3_hashes`` are the page hashes past the history chain, for an
+    L3 lookup, up to the last page that may still be reused.
+    """
+
+    tokens: np.ndarray
+    page_tokens: int
+    resume_tokens: int
+    device_tokens: int
+    host_tokens: int
+    snapshot_tier: str | None
+    history_tokens: int
+    l3_hashes: tuple[bytes, ...]
+
+    @property
+    def hit_tokens(self) -> int:
+        return self.resume_tokens
+
+    @property
+    def compute_tokens(self) -> int:
+        return len(self.tokens) - self.resume_tokens
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Outcome of :meth:`HiCache.publish`.
+
+    ``published_pages``: pages of the request now in the tree (all locked by it).
+    ``duplicates_freed``: the request's own pages dropped because an identical page was
+    already published (its page table now points at that page). ``snapshot``: ``kept``,
+    ``provisional``, ``duplicate`` (an equal snapshot existed) or ``None``.
+    """
+
+    published_pages: int
+    duplicates_freed: int
+    snapshot: str | None
+
+
+def _counter() -> Any:
+    return field(default=0)
+
+
+@dataclass
+class CacheStats:
+    """Counters of one cache; ``HiCache.stats()`` returns a copy as a dict."""
+
+    matches: int = 0
+    match_tokens: int = 0
+    hit_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    l3_hit_tokens: int = 0
+    loads: int = 0
+    load_failures: int = 0
+    load_fallbacks: int = 0
+    loaded_pages: int = 0
+    backups: int = 0
+    backup_failures: int = 0
+    backup_skipped_no_room: int = 0
+    backed_up_pages: int = 0
+    published_pages: int = 0
+    duplicate_pages: int = 0
+    device_evicted_pages: int = 0
+    device_demoted_pages: int = 0
+    host_evicted_pages: int = 0
+    snapshots_offered: int = 0
+    snapshots_kept: int = 0
+    snapshots_provisional: int = 0
+    snapshots_duplicate: int = 0
+    snapshots_dropped_retention: int = 0
+    snapshots_dropped_no_room: int = 0
+    snapshots_evicted_device: int = 0
+    snapshots_evicted_host: int = 0
+    snapshots_backed_up: int = 0
+    snapshots_loaded: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,1 @@
+"""Reference serving loop pieces that embed :class:`hicache.HiCache` the way an engine would."""

@@ -1,0 +1,239 @@
+"""A reference serving loop that embeds ``HiCache`` the way SGLang or vLLM would.
+
+Continuous batching: each step admits arrived requests up to ``max_running``, gives every
+running request a page-aligned prefill chunk or a decode stride within a token budget,
+and publishes what it computed::
+
+    admit:    match -> (L3 prefetch) -> load (queued) ...... one cache.step() for all loads
+    prefill:  wait -> verify borrowed pages -> alloc -> compute chunk -> publish (mid-flight)
+    decode:   compute stride ... last stride -> publish at finish with a snapshot -> release
+    end:      cache.poll()
+
+"Compute" writes synthetic page and snapshot contents derived from the token prefix
+(:mod:`hicache.engine.contents`), so every page a request borrows -- whichever tier it came
+from -- is checked byte for byte. A request whose pages cannot be allocated is preempted
+(released and re-queued), as engines do.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from hicache.cache import Boundary, HiCache, Lease
+from hicache.engine import contents
+from hicache.errors import ConfigError
+from hicache.tree import ROOT_HASH, chain_hashes
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduling knobs of the reference engine.
+
+    ``prefill_tokens_per_s`` (optional) turns recomputed tokens into an estimated
+    time-to-first-token; ``decode_stride`` is how many output tokens a request decodes per
+    step (the cache only sees decoded tokens at finish, so this sets how long a request
+    holds its pages, not what is cached).
+    """
+
+    max_running: int = 16
+    step_tokens: int = 16384
+    chunk_tokens: int = 4096
+    decode_stride: int = 64
+    prefill_tokens_per_s: float | None = None
+    verify: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "step_tokens", "chunk_tokens", "decode_stride"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, v, "must be an integer >= 1")
+        if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
+            raise ConfigError("prefill_tokens_per_s", self.prefill_tokens_per_s, "must be > 0")
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request (one line of ``--requests-out``)."""
+
+    request_id: int
+    conversation_id: str
+    turn: int
+    prompt_tokens: int
+    hit_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    l3_hit_tokens: int = 0
+    recomputed_tokens: int = 0
+    preemptions: int = 0
+    verified_pages: int = 0
+    mismatched_pages: int = 0
+    finish_step: int = 0
+
+
+@dataclass
+class _Running:
+    req: object
+    record: RequestRecord
+    lease: Lease
+    tokens: np.ndarray      # prompt + output
+    prompt_len: int
+    hashes: list[bytes]
+    done: int               # tokens computed
+    verified: bool = False
+
+
+@dataclass
+class EngineReport:
+    records: list[RequestRecord] = field(default_factory=list)
+    steps: int = 0
+    preemptions: int = 0
+    verified_pages: int = 0
+    mismatched_pages: int = 0
+    wall_s: float = 0.0
+
+
+class ReferenceEngine:
+    """Runs requests (objects with ``request_id``, ``conversation_id``, ``turn``,
+    ``arrival_s``, ``prompt``, ``output``) through a :class:`HiCache`."""
+
+    def __init__(self, cache: HiCache, cfg: EngineConfig = EngineConfig(),
+                 progress: Callable[[int, int], None] | None = None,
+                 prefetch: Callable[[HiCache, object], int] | None = None):
+        self.cache = cache
+        self.cfg = cfg
+        self.P = cache.page_tokens
+        self.progress = progress
+        self.prefetch = prefetch   # L3: fetch what it can before load; returns L3 tokens
+        self.has_state = bool(cache.layout.object_bytes("state"))
+        self.report = EngineReport()
+
+    # -- per request --------------------------------------------------------------------
+    def _admit(self, req) -> _Running | None:
+        prompt = np.asarray(req.prompt, np.int32)
+        tokens = np.concatenate([prompt, np.asarray(req.output, np.int32)])
+        hashes = chain_hashes(self.cache.tree.hash_seed, ROOT_HASH, tokens, self.P)
+        rec = self._records.get(req.request_id)
+        if rec is None:
+            rec = RequestRecord(req.request_id, str(req.conversation_id), int(req.turn), len(prompt))
+            self._records[req.request_id] = rec
+        l3 = self.prefetch(self.cache, prompt) if self.prefetch is not None else 0
+        lease = self.cache.load(self.cache.match(prompt), start=False)
+        hit = lease.resume_tokens
+        rec.hit_tokens = hit
+        rec.host_hit_tokens = min(lease.loaded_tokens, hit)
+        rec.l3_hit_tokens = min(l3, rec.host_hit_tokens)
+        rec.host_hit_tokens -= rec.l3_hit_tokens
+        rec.device_hit_tokens = hit - rec.host_hit_tokens - rec.l3_hit_tokens
+        rec.recomputed_tokens = len(prompt) - hit
+        return _Running(req, rec, lease, tokens, len(prompt), hashes, done=hit)
+
+    def _verify(self, run: _Running) -> None:
+        n = run.lease.resume_pages
+        if self.cfg.verify and n:
+            ok = contents.check(self.cache.pools.device, "page", run.lease.page_table[:n],
+                                contents.page_seeds(run.hashes[:n]))
+            if self.has_state and run.lease.snapshot_id is not None:
+                ok = np.concatenate([ok, contents.check(self.cache.pools.device, "state", [run.lease.snapshot_id],
+                                                        [contents.snapshot_seed(run.hashes[n - 1])])])
+            run.record.verified_pages += int(ok.sum())
+            run.record.mismatched_pages += int((~ok).sum())
+        run.verified = True
+
+    def _compute(self, run: _Running, upto: int) -> bool:
+        need = -(-upto // self.P) - len(run.lease.page_table)
+        if need > 0 and not self.cache.alloc_pages(run.lease, need).ok:
+            return False
+        lo, hi = run.done // self.P, upto // self.P
+        contents.fill(self.cache.pools.device, "page", run.lease.page_table[lo:hi],
+                      contents.page_seeds(run.hashes[lo:hi]))
+        run.done = upto
+        return True
+
+    def _publish(self, run: _Running, why: Boundary) -> bool:
+        pages = run.done // self.P
+        if pages <= run.lease.published_pages and why is Boundary.PREFILL:
+            return True
+        sid = None
+        if self.has_state and pages:
+            alloc = self.cache.alloc_snapshot(run.lease)
+            if alloc.ok:
+                sid = int(alloc.ids[0])
+                contents.fill(self.cache.pools.device, "state", [sid],
+                              [contents.snapshot_seed(run.hashes[pages - 1])])
+        self.cache.publish(run.lease, run.tokens[: run.done], pages, snapshot_id=sid, why=why)
+        return True
+
+    # -- the loop -----------------------------------------------------------------------
+    def run(self, requests: Sequence) -> EngineReport:
+        t0 = time.perf_counter()
+        self._records: dict[int, RequestRecord] = {}
+        waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+        waiting.reverse()  # pop() from the end = earliest arrival
+        running: list[_Running] = []
+        retry: list = []
+        now, finished, total = 0.0, 0, len(waiting)
+        while waiting or running or retry:
+            while len(running) < self.cfg.max_running and (retry or waiting):
+                if retry:
+                    req = retry.pop(0)
+                elif waiting[-1].arrival_s <= now or not running:
+                    req = waiting.pop()
+                    now = max(now, req.arrival_s)
+                else:
+                    break
+                running.append(self._admit(req))
+            self.cache.step()  # every load of this step as one batched copy
+            budget = self.cfg.step_tokens
+            for run in list(running):
+                if budget <= 0:
+                    break
+                if not run.verified:
+                    if not run.lease.wait():  # a failed load: recompute from scratch
+                        self.cache.release(run.lease)
+                        running.remove(run)
+                        retry.append(run.req)
+                        continue
+                    self._verify(run)
+                before = run.done
+                if run.done < run.prompt_len:
+                    step = max(min(self.cfg.chunk_tokens, budget) // self.P * self.P, self.P)
+                    target = min(run.done - run.done % self.P + step, run.prompt_len)
+                    why = Boundary.PROMPT_END if target == run.prompt_len else Boundary.PREFILL
+                    ok = self._compute(run, target) and self._publish(run, why)
+                else:
+                    target = min(run.done + self.cfg.decode_stride, len(run.tokens))
+                    ok = self._compute(run, target)
+                    if ok and target == len(run.tokens):
+                        self._publish(run, Boundary.FINISH)
+                        self.cache.release(run.lease)
+                        running.remove(run)
+                        run.record.finish_step = self.report.steps
+                        finished += 1
+                        budget -= target - before
+                        if self.progress is not None:
+                            self.progress(finished, total)
+                        continue
+                budget -= run.done - before
+                if not ok:  # no device room: preempt (release, retry later)
+                    self.cache.release(run.lease)
+                    running.remove(run)
+                    run.record.preemptions += 1
+                    self.report.preemptions += 1
+                    retry.append(run.req)
+            self.cache.poll()
+            self.report.steps += 1
+            now += self._step_seconds()
+        self.cache.drain()
+        self.report.records = [self._records[k] for k in sorted(self._records)]
+        self.report.verified_pages = sum(r.verified_pages for r in self.report.records)
+        self.report.mismatched_pages = sum(r.mismatched_pages for r in self.report.records)
+        self.report.wall_s = time.perf_counter() - t0
+        return self.report
+
+    def _step_seconds(self) -> float:
+        rate = self.cfg.prefill_tokens_per_s or 20_000.0
+        return self.cfg.step_tokens / rate

@@ -1,0 +1,116 @@
+"""A small hybrid layout and helpers that act like an engine, verifying every byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hicache.cache import Boundary, HiCache
+from hicache.config import HiCacheConfig, StorageConfig, TreeConfig, WriteConfig
+from hicache.engine import contents
+from hicache.layout import CacheLayout, FamilySpec
+from hicache.pools import PoolConfig
+from hicache.tree import ROOT_HASH, chain_hashes
+
+P = 4
+
+
+def hybrid_layout() -> CacheLayout:
+    return CacheLayout((
+        FamilySpec("swa_kv", "state", (0, 1, 2), 1, 8, rows_kept=3),
+        FamilySpec("c4_kv", "history", (1, 2), 4, 16),
+        FamilySpec("kv", "history", (0,), 1, 8),
+        FamilySpec("c4_state", "state", (1, 2), 1, 8, rows_kept=4),
+    ), P)
+
+
+def mha_layout() -> CacheLayout:
+    return CacheLayout((FamilySpec("kv", "history", (0, 1), 1, 8),), P)
+
+
+def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, host_snaps=16,
+               write_policy="write_through", retention=None, eviction="lru", threshold=2) -> HiCache:
+    cfg = HiCacheConfig(
+        pools=PoolConfig(device="cpu", device_bytes=1 << 20, host_bytes=1 << 20,
+                         device_pages=device_pages, device_snapshots=device_snaps,
+                         host_pages=host_pages, host_snapshots=host_snaps),
+        tree=TreeConfig(eviction=eviction, retention_interval=retention),
+        write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold),
+        storage=StorageConfig())
+    return HiCache(layout or hybrid_layout(), cfg)
+
+
+def toks(*pages: int, extra: int = 0) -> np.ndarray:
+    """Whole pages of value v (distinct, readable) plus ``extra`` trailing tokens."""
+    out = np.repeat(np.asarray(pages, np.int32), P)
+    return np.concatenate([out, np.full(extra, 999, np.int32)])
+
+
+class Engine:
+    """Drives one cache like a serving engine and checks every byte it reads back."""
+
+    def __init__(self, cache: HiCache):
+        self.cache = cache
+        self.verified = 0
+
+    def hashes(self, tokens):
+        return chain_hashes(self.cache.tree.hash_seed, ROOT_HASH, tokens, P)
+
+    def start(self, tokens):
+        m = self.cache.match(tokens)
+        lease = self.cache.load(m)
+        assert lease.wait(), "load failed"
+        self.verify(lease, tokens)
+        return m, lease
+
+    def verify(self, lease, tokens):
+        n = lease.resume_pages
+        h = self.hashes(tokens)
+        ok = contents.check(self.cache.pools.device, "page", lease.page_table[:n], contents.page_seeds(h[:n]))
+        assert ok.all(), f"page bytes differ at {np.flatnonzero(~ok).tolist()}"
+        if lease.snapshot_id is not None and n:
+            assert contents.check(self.cache.pools.device, "state", [lease.snapshot_id],
+                                  [contents.snapshot_seed(h[n - 1])]).all(), "snapshot bytes differ"
+        self.verified += n
+
+    def compute(self, lease, tokens, upto_pages):
+        have = len(lease.page_table)
+        if upto_pages > have:
+            assert self.cache.alloc_pages(lease, upto_pages - have).ok
+        h = self.hashes(tokens)
+        lo = lease.published_pages
+        contents.fill(self.cache.pools.device, "page", lease.page_table[lo:upto_pages],
+                      contents.page_seeds(h[lo:upto_pages]))
+
+    def publish(self, lease, tokens, pages, why=Boundary.PREFILL, snapshot=True):
+        self.compute(lease, tokens, pages)
+        sid = None
+        if snapshot and self.cache.layout.object_bytes("state") and pages:
+            alloc = self.cache.alloc_snapshot(lease)
+            assert alloc.ok
+            sid = int(alloc.ids[0])
+            contents.fill(self.cache.pools.device, "state", [sid],
+                          [contents.snapshot_seed(self.hashes(tokens)[pages - 1])])
+        return self.cache.publish(lease, tokens, pages, snapshot_id=sid, why=why)
+
+    def run(self, tokens, *, chunk_pages=None, why_last=Boundary.FINISH, release=True):
+        """A whole request: start, prefill in chunks (publishing each), finish, release."""
+        m, lease = self.start(tokens)
+        total = len(tokens) // P
+        step = chunk_pages or max(total, 1)
+        pages = lease.resume_pages
+        while pages < total:
+            pages = min(pages + step, total)
+            self.publish(lease, tokens, pages, why_last if pages == total else Boundary.PREFILL)
+        if release:
+            self.cache.release(lease)
+            self.cache.drain()
+        self.cache.check_integrity()
+        return m, lease
+
+
+@pytest.fixture
+def engine():
+    cache = make_cache()
+    yield Engine(cache)
+    cache.close()

@@ -1,0 +1,49 @@
+"""Random traffic (StressRunner) on every layout kind, and hypothesis-chosen settings."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hicache.engine.stress import StressConfig, StressRunner
+from tests.cache.conftest import hybrid_layout, make_cache, mha_layout
+
+
+def run(cache, **kw):
+    try:
+        rep = StressRunner(cache, StressConfig(**kw)).run()
+    finally:
+        cache.close()
+    assert rep.integrity_errors == 0, rep.first_error
+    assert rep.mismatched_pages == 0 and rep.mismatched_snapshots == 0
+    return rep
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+@pytest.mark.parametrize("layout", [hybrid_layout, mha_layout])
+def test_stress_policies(policy, layout):
+    rep = run(make_cache(layout(), device_pages=12, device_snaps=4, host_pages=20, host_snaps=6,
+                         write_policy=policy, retention=0), ops=400, seed=1)
+    assert rep.verified_pages > 0 and rep.requests > 20
+    s = rep.stats
+    assert s["device_evicted_pages"] + s["device_demoted_pages"] > 0   # pressure happened
+
+
+def test_stress_hits_host_tier():
+    rep = run(make_cache(device_pages=10, device_snaps=4, host_pages=40, host_snaps=16,
+                         write_policy="write_through", retention=None), ops=600, seed=3)
+    assert rep.stats["host_hit_tokens"] > 0 and rep.stats["loaded_pages"] > 0
+    assert rep.stats["host_evicted_pages"] >= 0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), device_pages=st.integers(6, 16), host_pages=st.integers(4, 30),
+       snaps=st.integers(1, 5), retention=st.sampled_from([None, 0, 8]),
+       policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+       eviction=st.sampled_from(["lru", "lfu"]), running=st.integers(1, 4))
+def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention, policy, eviction, running):
+    cache = make_cache(device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
+                       host_snaps=snaps + 1, write_policy=policy, retention=retention, eviction=eviction)
+    run(cache, ops=150, seed=seed, max_running=running)
