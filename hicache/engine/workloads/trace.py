@@ -21,8 +21,15 @@ a block of its own, as in the simulator's accounting.
 
 Reading (:func:`load_trace`): tokens are synthesised per block id (counter-mode hashing of
 the id), so equal ids give equal token blocks, different ids different tokens, and a
-partial block is the first tokens of its id's full block. Outputs are synthesised per
-request: a trace records only prompt blocks, so later prompts do not contain them.
+partial block is the first tokens of its id's full block. A trace records only prompt
+blocks, so outputs are synthesised per request, except along a conversation whose lines
+name ``conversation_id`` and ``turn`` (ours): there turn k's output is read from turn k+1's
+prompt and turn k's partial last block is made the start of turn k+1's block, so the
+loaded requests keep "turn k+1 starts with turn k's prompt + output"::
+
+    turn k     |  b0  |  b1  |x..|               x: partial last block of turn k
+    turn k+1   |  b0  |  b1  |  y   |  b3  |..   x's tokens := y's first tokens
+                             |<-output k->|      output k := the tokens after prompt k
 """
 
 from __future__ import annotations
@@ -128,23 +135,24 @@ def _block_lengths(record: dict, n: int, input_length: int, block_size: int, whe
     return [block_size] * (n - 1) + [input_length - (n - 1) * block_size]
 
 
-def load_trace(path: str | os.PathLike, *, block_size: int | None = None,
-               vocab_size: int = DEFAULT_VOCAB) -> list[Request]:
-    """Requests from a kvcache-simulator JSONL trace, one per line, in file order.
+@dataclass(frozen=True)
+class _Record:
+    keys: tuple[str, ...]
+    lengths: tuple[int, ...]
+    timestamp: float
+    output_length: int
+    conversation_id: str
+    turn: int
+    in_conversation: bool  # the line named its conversation and turn (our traces do)
 
-    ``block_size`` is the fallback for lines without one (as the simulator's
-    ``--block-size``). Any malformed line raises ConfigError naming the line, so replaying
-    a trace never silently differs from what the simulator counted.
-    """
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("trace", str(path), "no such file")
-    if block_size is not None:
-        _check_block_size(block_size, "block_size")
-    blocks: dict[str, np.ndarray] = {}
-    requests: list[Request] = []
+    @property
+    def input_length(self) -> int:
+        return sum(self.lengths)
+
+
+def _parse(p: Path, block_size: int | None) -> tuple[list[_Record], int]:
+    records: list[_Record] = []
     trace_bs: int | None = None
-    first_ts: float | None = None
     last_ts = -math.inf
     with _open(p, "r") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -160,7 +168,7 @@ def load_trace(path: str | os.PathLike, *, block_size: int | None = None,
             hash_ids = record.get("hash_ids")
             if not isinstance(hash_ids, list) or not hash_ids:
                 raise ConfigError(f"{where}.hash_ids", hash_ids, "must be a non-empty list")
-            keys = [_block_key(v, f"{where}.hash_ids") for v in hash_ids]
+            keys = tuple(_block_key(v, f"{where}.hash_ids") for v in hash_ids)
             input_length = _int_field(record, "input_length", where, minimum=1)
             bs = _int_field(record, "block_size", where, minimum=1, default=block_size)
             if trace_bs is None:
@@ -174,25 +182,116 @@ def load_trace(path: str | os.PathLike, *, block_size: int | None = None,
             if ts < last_ts:
                 raise ConfigError(f"{where}.timestamp", ts, f"is earlier than the previous line's {last_ts}")
             last_ts = ts
-            first_ts = ts if first_ts is None else first_ts
-            output_length = _int_field(record, "output_length", where, minimum=0, default=0)
-            conv = record.get("conversation_id", f"trace-{len(requests)}")
-            turn = _int_field(record, "turn", where, minimum=0, default=0)
-            parts = []
-            for key, n in zip(keys, lengths):
-                full = blocks.get(key)
-                if full is None:
-                    full = counter_tokens(stable_u64("trace-block", key), bs, low=FIRST_TEXT_ID,
-                                          high=vocab_size)
-                    full.flags.writeable = False
-                    blocks[key] = full
-                parts.append(full[:n])
-            prompt = np.concatenate(parts)
-            output = counter_tokens(stable_u64("trace-output", len(requests)), output_length,
+            in_conv = "conversation_id" in record and "turn" in record
+            records.append(_Record(
+                keys, tuple(lengths), float(ts),
+                _int_field(record, "output_length", where, minimum=0, default=0),
+                str(record.get("conversation_id", f"trace-{len(records)}")),
+                _int_field(record, "turn", where, minimum=0, default=0), in_conv))
+    if not records:
+        raise ConfigError("trace", str(p), "has no records")
+    assert trace_bs is not None
+    return records, trace_bs
+
+
+def _link_turns(records: list[_Record], bs: int) -> tuple[dict[str, str], dict[int, int]]:
+    """Where turn k+1 of a conversation continues turn k, tie their tokens together.
+
+    Returns ``alias`` (partial last block of turn k -> the block of turn k+1 at the same
+    position, whose first tokens it then shares) and ``output_from`` (request of turn k ->
+    request of turn k+1, whose prompt holds turn k's output right after turn k's prompt).
+    Applied only when turn k+1's blocks start with turn k's full blocks and its prompt is
+    long enough to hold turn k's prompt and output.
+    """
+    alias: dict[str, str] = {}
+    output_from: dict[int, int] = {}
+    where: dict[tuple[str, int], int] = {}
+    for i, r in enumerate(records):
+        if r.in_conversation:
+            where.setdefault((r.conversation_id, r.turn), i)
+    for i, r in enumerate(records):
+        j = where.get((r.conversation_id, r.turn + 1)) if r.in_conversation else None
+        if j is None or j <= i:
+            continue
+        nxt = records[j]
+        partial = r.lengths[-1] < bs
+        full = len(r.keys) - partial
+        if nxt.keys[:full] != r.keys[:full] or nxt.input_length < r.input_length + r.output_length:
+            continue
+        if partial:
+            x, y = r.keys[-1], nxt.keys[full]
+            if alias.get(x, y) != y or nxt.lengths[full] < r.lengths[-1] or _reaches(alias, y, x):
+                continue
+            alias[x] = y
+        output_from[i] = j
+    return alias, output_from
+
+
+def _reaches(alias: dict[str, str], start: str, target: str) -> bool:
+    """True when following aliases from ``start`` arrives at ``target`` (a cycle to refuse)."""
+    seen = set()
+    while start not in seen:
+        if start == target:
+            return True
+        seen.add(start)
+        if start not in alias:
+            return False
+        start = alias[start]
+    return False
+
+
+def load_trace(path: str | os.PathLike, *, block_size: int | None = None,
+               vocab_size: int = DEFAULT_VOCAB, continuation: bool = True) -> list[Request]:
+    """Requests from a kvcache-simulator JSONL trace, one per line, in file order.
+
+    ``block_size`` is the fallback for lines without one (as the simulator's
+    ``--block-size``). Any malformed line raises ConfigError naming the line, so replaying
+    a trace never silently differs from what the simulator counted.
+
+    ``continuation`` (lines that name ``conversation_id`` and ``turn``, as
+    :func:`write_trace` writes them): turn k's output is taken from turn k+1's prompt, and
+    turn k's partial last block is the start of turn k+1's block at that position, so turn
+    k+1's prompt starts with turn k's prompt + output, as in the workload that was written.
+    The hash ids, and so what kvcache-simulator sees, are unchanged. With
+    ``continuation=False`` every block's tokens come from its id alone and every output is
+    synthetic.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("trace", str(path), "no such file")
+    if block_size is not None:
+        _check_block_size(block_size, "block_size")
+    records, bs = _parse(p, block_size)
+    alias, output_from = _link_turns(records, bs) if continuation else ({}, {})
+    blocks: dict[str, np.ndarray] = {}
+
+    def block(key: str) -> np.ndarray:
+        # An aliased partial block shares its successor's tokens; aliases point to later
+        # turns only, so the chain ends.
+        if key not in blocks:
+            if key in alias:
+                blocks[key] = block(alias[key])
+            else:
+                full = counter_tokens(stable_u64("trace-block", key), bs, low=FIRST_TEXT_ID, high=vocab_size)
+                full.flags.writeable = False
+                blocks[key] = full
+        return blocks[key]
+
+    prompts = []
+    for r in records:
+        prompt = np.concatenate([block(k)[:n] for k, n in zip(r.keys, r.lengths)])
+        prompt.flags.writeable = False
+        prompts.append(prompt)
+    first_ts = records[0].timestamp
+    requests = []
+    for i, r in enumerate(records):
+        j = output_from.get(i)
+        if j is not None:
+            output = prompts[j][r.input_length:r.input_length + r.output_length]
+        else:
+            output = counter_tokens(stable_u64("trace-output", i), r.output_length,
                                     low=FIRST_TEXT_ID, high=vocab_size)
-            prompt.flags.writeable = False
             output.flags.writeable = False
-            requests.append(Request(len(requests), str(conv), turn, (ts - first_ts) / 1000.0, prompt, output))
-    if not requests:
-        raise ConfigError("trace", str(path), "has no records")
+        requests.append(Request(i, r.conversation_id, r.turn, (r.timestamp - first_ts) / 1000.0,
+                                prompts[i], output))
     return requests

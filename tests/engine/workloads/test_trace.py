@@ -44,7 +44,7 @@ def test_round_trip_keeps_block_structure(tmp_path):
     path = tmp_path / "syn.jsonl.gz"
     write_trace(reqs, path, block_size=64)
     loaded = load_trace(path)
-    check_workload(loaded, prefix_chain=False)
+    check_workload(loaded)  # turn k+1 starts with turn k's prompt + output again
     assert len(loaded) == len(reqs)
     for a, b in zip(reqs, loaded):
         assert (a.request_id, a.conversation_id, a.turn, a.prompt_len, a.output_len) == \
@@ -132,3 +132,46 @@ def test_simulator_accepts_our_file(tmp_path):
     assert parsed.total_input_tokens == sum(r.prompt_len for r in reqs)
     # chained ids: the simulator's prefix trie has exactly one node per distinct id
     assert build_execution_plan(parsed).unique_blocks == parsed.unique_raw_blocks == written.unique_blocks
+
+
+def test_continuation_only_for_named_turns_and_can_be_off(tmp_path):
+    reqs = synthetic(6, 2, turns=(3, 3), system_len=50, user_len=(5, 60), output_len=(5, 60))
+    path = tmp_path / "t.jsonl"
+    write_trace(reqs, path, block_size=32)
+    plain = load_trace(path, continuation=False)
+    check_workload(plain, prefix_chain=False)
+    linked = load_trace(path)
+    broken = 0
+    for a, b, c in zip(reqs, plain, linked):
+        full = a.prompt_len // 32 * 32
+        assert np.array_equal(b.prompt[:full], c.prompt[:full])  # full blocks: tokens of their ids
+        assert b.output_len == c.output_len == a.output_len
+    by_key = {(r.conversation_id, r.turn): r for r in plain}
+    for r in plain:
+        nxt = by_key.get((r.conversation_id, r.turn + 1))
+        if nxt is not None:
+            head = np.concatenate([r.prompt, r.output])
+            broken += not np.array_equal(nxt.prompt[:len(head)], head)
+    assert broken == 12  # without continuation no turn extends the previous one
+    # the simulator sees the same file either way
+    write_trace(plain, tmp_path / "p.jsonl", block_size=32)
+    write_trace(linked, tmp_path / "l.jsonl", block_size=32)
+    assert records(path) == records(tmp_path / "p.jsonl") == records(tmp_path / "l.jsonl")
+    # lines without conversation_id and turn (Mooncake-style) are never linked
+    stripped = tmp_path / "s.jsonl"
+    anonymous = [{k: v for k, v in rec.items() if k not in ("conversation_id", "turn")}
+                 for rec in records(path)]
+    stripped.write_text("".join(json.dumps(rec) + "\n" for rec in anonymous))
+    for a, b in zip(load_trace(stripped), plain):
+        assert np.array_equal(a.prompt, b.prompt) and np.array_equal(a.output, b.output)
+
+
+def test_alias_cycles_are_refused(tmp_path):
+    lines = [{"conversation_id": "a", "turn": 0, "hash_ids": ["x"], "input_length": 2, "block_size": 4},
+             {"conversation_id": "a", "turn": 1, "hash_ids": ["y"], "input_length": 3, "block_size": 4},
+             {"conversation_id": "a", "turn": 2, "hash_ids": ["x"], "input_length": 4, "block_size": 4}]
+    path = tmp_path / "c.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    r0, r1, r2 = load_trace(path)
+    assert np.array_equal(r0.prompt, r1.prompt[:2])   # x is the start of y
+    assert np.array_equal(r0.prompt, r2.prompt[:2])   # x is x wherever it appears
