@@ -113,12 +113,11 @@ def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed:
 
     Ties sort by conversation order then turn, so turn k always precedes turn k+1.
     """
-    rng = stream(seed, "arrivals")
     n = len(conversations)
     if arrivals.arrival_rate is None:
         starts = np.zeros(n)
     else:
-        gaps = rng.exponential(1.0 / arrivals.arrival_rate, size=n)
+        gaps = stream(seed, "arrivals", "starts").exponential(1.0 / arrivals.arrival_rate, size=n)
         gaps[:1] = 0.0  # the first conversation opens the run
         starts = np.cumsum(gaps)
     closing: list[float] = []  # heap of the times active conversations close
@@ -127,8 +126,10 @@ def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed:
         start = float(starts[ci])
         if arrivals.max_active is not None and len(closing) >= arrivals.max_active:
             start = max(start, heapq.heappop(closing))
-        think = rng.exponential(arrivals.think_time_s, size=len(conv.turns)) \
-            if arrivals.think_time_s > 0 else np.zeros(len(conv.turns))
+        # one stream per conversation: its think times do not depend on the others' turns
+        think = np.zeros(len(conv.turns))
+        if arrivals.think_time_s > 0:
+            think = stream(seed, "arrivals", "think", ci).exponential(arrivals.think_time_s, size=len(think))
         t = start
         for k in range(len(conv.turns)):
             timed.append((t, ci, k))
