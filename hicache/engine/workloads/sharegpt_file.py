@@ -99,6 +99,9 @@ class JsonArrayReader:
                     return
                 raise ConfigError("sharegpt file", self._source,
                                   f"element {self.items} is not valid JSON: {exc.msg}") from None
+            if not eof and (end == len(buf) or buf[end] not in _WS + ",]"):
+                more()  # "7" of "7.25" cut by the buffer: decode it again with more input
+                continue
             pos = end
             self.items += 1
             yield obj

@@ -39,6 +39,13 @@ def test_complete_file_small_and_tiny_buffers():
         assert got == items and reader.complete and reader.dropped_chars == 0 and reader.items == 10
 
 
+def test_elements_split_across_buffer_refills():
+    data = b'[1, 23456, "abcdef", {"a": [1, 2, 3]}, 7.25, true]'
+    for chunk in (1, 2, 3, 5, 8):
+        got, reader = read(data, chunk)
+        assert got == [1, 23456, "abcdef", {"a": [1, 2, 3]}, 7.25, True] and reader.complete
+
+
 def test_every_cut_point_stops_at_the_last_complete_item():
     items = small_sharegpt_items()[:5]
     data = sharegpt_bytes(items)
