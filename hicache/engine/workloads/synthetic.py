@@ -1,0 +1,179 @@
+"""Synthetic multi-turn conversations: shared system prompts, random turns, optional documents.
+
+Each conversation picks one of ``system_prompts`` system prompts (the prefix shared across
+conversations), has a random number of turns with random user and output lengths, and may
+open with a long document in its first user message (the long-context preset: few
+conversations, prompts up to ~1M tokens, few at a time)::
+
+    <bos><system> system prompt k <eot> <user> [document d] question 1 <eot> <assistant> | answer 1 <eot>
+    <user> question 2 <eot> <assistant> | answer 2 <eot> ...
+
+Token ids are drawn with numpy from streams keyed by (seed, what, index), so the same flags
+give the same requests in every process, and a system prompt or document is the same token
+sequence in every conversation that uses it. Generation is vectorised; a 1M-token document
+takes a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from hicache.engine.workloads._random import counter_tokens, stable_u64, stream
+from hicache.engine.workloads.request import ArrivalSpec, Conversation, Request, schedule
+from hicache.engine.workloads.tokenizer import (ASSISTANT, BOS, DEFAULT_VOCAB, EOT, FIRST_TEXT_ID,
+                                                SYSTEM, USER)
+from hicache.errors import ConfigError
+
+Range = tuple[int, int]
+
+
+def _check_range(name: str, value: object, minimum: int) -> Range:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    ok = (isinstance(value, (tuple, list)) and len(value) == 2
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+    if not ok:
+        raise ConfigError(name, value, "must be an integer or a (low, high) pair of integers")
+    lo, hi = value
+    if lo < minimum or hi < lo:
+        raise ConfigError(name, list(value), f"needs {minimum} <= low <= high")
+    return (lo, hi)
+
+
+def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(name, value, f"must be an integer >= {minimum}" + (" or None" if optional else ""))
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Shape of a synthetic workload. Ranges are inclusive ``(low, high)`` token counts.
+
+    ``documents``: number of distinct documents (None: one per conversation); only used
+    with ``document_len``. ``max_prompt_tokens``: later turns whose prompt would exceed it
+    are dropped; the first turn must always fit.
+    """
+
+    turns: Range = (2, 8)
+    system_prompts: int = 4
+    system_len: int = 1024
+    user_len: Range = (32, 512)
+    output_len: Range = (64, 512)
+    document_len: Range | None = None
+    documents: int | None = None
+    max_prompt_tokens: int | None = None
+    vocab_size: int = DEFAULT_VOCAB
+    arrival_rate: float | None = 2.0
+    think_time_s: float = 5.0
+    max_active: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "turns", _check_range("turns", self.turns, 1))
+        object.__setattr__(self, "user_len", _check_range("user_len", self.user_len, 0))
+        object.__setattr__(self, "output_len", _check_range("output_len", self.output_len, 0))
+        if self.document_len is not None:
+            object.__setattr__(self, "document_len", _check_range("document_len", self.document_len, 1))
+        _check_int("system_prompts", self.system_prompts, 1)
+        _check_int("system_len", self.system_len, 0)
+        _check_int("documents", self.documents, 1, optional=True)
+        _check_int("max_prompt_tokens", self.max_prompt_tokens, 1, optional=True)
+        _check_int("vocab_size", self.vocab_size, FIRST_TEXT_ID + 2)
+        ArrivalSpec(self.arrival_rate, self.think_time_s, self.max_active)  # validates them
+        if self.max_prompt_tokens is not None and self.first_prompt_max() > self.max_prompt_tokens:
+            raise ConfigError("max_prompt_tokens", self.max_prompt_tokens,
+                              f"is below the longest possible first prompt ({self.first_prompt_max()} "
+                              "tokens: system + document + user message + template tokens)")
+
+    @property
+    def arrivals(self) -> ArrivalSpec:
+        return ArrivalSpec(self.arrival_rate, self.think_time_s, self.max_active)
+
+    def first_prompt_max(self) -> int:
+        doc = self.document_len[1] if self.document_len else 0
+        return 4 + self.system_len + doc + self.user_len[1] + 2  # bos sys .. eot user .. eot asst
+
+
+PRESETS: dict[str, SyntheticSpec] = {
+    # Chat traffic: a few popular system prompts, 2-8 turns, a new conversation every 0.5 s.
+    "chat": SyntheticSpec(),
+    # 1M-token context: each conversation opens with a 256K-1M token document and asks
+    # 3-6 short questions about it; two conversations at a time.
+    "long-context": SyntheticSpec(
+        turns=(3, 6), system_prompts=1, system_len=512, user_len=(32, 256), output_len=(64, 512),
+        document_len=(262_144, 1_000_000), max_prompt_tokens=1_048_576,
+        arrival_rate=None, think_time_s=2.0, max_active=2),
+}
+
+
+def synthetic_spec(preset: str = "chat", *, base: SyntheticSpec | None = None,
+                   **overrides: object) -> SyntheticSpec:
+    """A preset (or ``base``) with some fields replaced; unknown presets or fields raise
+    ConfigError."""
+    if base is None:
+        if preset not in PRESETS:
+            raise ConfigError("preset", preset, f"must be one of {sorted(PRESETS)}")
+        base = PRESETS[preset]
+    known = {f.name for f in dataclasses.fields(SyntheticSpec)}
+    for key in overrides:
+        if key not in known:
+            raise ConfigError(key, overrides[key],
+                              f"unknown synthetic option; expected one of {sorted(known)}")
+    return dataclasses.replace(base, **overrides)
+
+
+def _draw(rng: np.random.Generator, rng_range: Range) -> int:
+    return int(rng.integers(rng_range[0], rng_range[1] + 1))
+
+
+def _fixed_tokens(seed: int, what: str, index: int, n: int, vocab: int) -> np.ndarray:
+    return counter_tokens(stable_u64("synthetic", seed, what, index), n, low=FIRST_TEXT_ID, high=vocab)
+
+
+def _conversation(spec: SyntheticSpec, seed: int, ci: int) -> Conversation:
+    rng = stream(seed, "synthetic", "conversation", ci)
+    v = spec.vocab_size
+    n_turns = _draw(rng, spec.turns)
+    system = _fixed_tokens(seed, "system", int(rng.integers(spec.system_prompts)), spec.system_len, v)
+    parts = [np.array([BOS, SYSTEM], np.int32), system, np.array([EOT], np.int32)]
+    document = None
+    if spec.document_len is not None:
+        d = ci if spec.documents is None else int(rng.integers(spec.documents))
+        d_len = _draw(stream(seed, "synthetic", "document", d), spec.document_len)
+        document = _fixed_tokens(seed, "document", d, d_len, v)
+    length = sum(len(p) for p in parts)
+    turns = []
+    for k in range(n_turns):
+        user = rng.integers(FIRST_TEXT_ID, v, size=_draw(rng, spec.user_len), dtype=np.int32)
+        answer = rng.integers(FIRST_TEXT_ID, v, size=_draw(rng, spec.output_len), dtype=np.int32)
+        question = [np.array([USER], np.int32)] + ([document] if k == 0 and document is not None else [])
+        question += [user, np.array([EOT, ASSISTANT], np.int32)]
+        prompt_end = length + sum(len(p) for p in question)
+        if k > 0 and spec.max_prompt_tokens is not None and prompt_end > spec.max_prompt_tokens:
+            break
+        output = [answer, np.array([EOT], np.int32)]
+        parts += question + output
+        length = prompt_end + len(answer) + 1
+        turns.append((prompt_end, length))
+    tokens = np.concatenate(parts)
+    assert len(tokens) == length, f"synthetic conversation {ci}: {len(tokens)} != {length}"
+    return Conversation(f"syn-{ci}", tokens, tuple(turns))
+
+
+def synthetic(conversations: int = 100, seed: int = 0, *, preset: str = "chat",
+              spec: SyntheticSpec | None = None, **overrides: object) -> list[Request]:
+    """``conversations`` synthetic conversations, one request per turn, sorted by arrival.
+
+    ``preset`` (``chat`` or ``long-context``) gives the defaults; keyword overrides replace
+    fields of :class:`SyntheticSpec` (``turns=(1, 4)``, ``arrival_rate=10.0``, ...), or pass
+    a whole ``spec``. The same arguments give the same requests in every process.
+    """
+    _check_int("conversations", conversations, 1)
+    _check_int("seed", seed, 0)
+    spec = synthetic_spec(preset, base=spec, **overrides)
+    convs = [_conversation(spec, seed, ci) for ci in range(conversations)]
+    return schedule(convs, spec.arrivals, seed)
