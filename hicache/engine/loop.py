@@ -176,16 +176,27 @@ class ReferenceEngine:
         running: list[_Running] = []
         retry: list = []
         now, finished, total = 0.0, 0, len(waiting)
-        while waiting or running or retry:
+        # A conversation's turn k+1 starts only after turn k finished (its prompt holds
+        # turn k's output); arrival times alone cannot know how long turn k took.
+        busy: set[str] = set()
+        held: dict[str, list] = {}
+        while waiting or running or retry or held:
             while len(running) < self.cfg.max_running and (retry or waiting):
                 if retry:
                     req = retry.pop(0)
                 elif waiting[-1].arrival_s <= now or not running:
                     req = waiting.pop()
                     now = max(now, req.arrival_s)
+                    conv = str(req.conversation_id)
+                    if conv in busy:
+                        held.setdefault(conv, []).append(req)
+                        continue
+                    busy.add(conv)
                 else:
                     break
                 running.append(self._admit(req))
+            if not running and not retry and not waiting and held:
+                raise AssertionError("held turns with nothing running")
             self.cache.step()  # every load of this step as one batched copy
             budget = self.cfg.step_tokens
             for run in list(running):
@@ -213,6 +224,13 @@ class ReferenceEngine:
                         running.remove(run)
                         run.record.finish_step = self.report.steps
                         finished += 1
+                        conv = str(run.req.conversation_id)
+                        busy.discard(conv)
+                        if held.get(conv):
+                            retry.append(held[conv].pop(0))
+                            busy.add(conv)
+                            if not held[conv]:
+                                del held[conv]
                         budget -= target - before
                         if self.progress is not None:
                             self.progress(finished, total)
