@@ -157,7 +157,8 @@ class PagedSequenceCache(SequenceCache):
             raise MisuseError(f"publish boundary {boundary} must be a multiple of {p} within "
                               f"the {self.length} tokens computed")
         pages = self.page_table[: boundary // p]
-        self.owned = [i for i in self.owned if i not in set(pages)]
+        handed = set(pages)
+        self.owned = [i for i in self.owned if i not in handed]
         self.num_borrowed = max(self.num_borrowed, len(pages))
         return list(pages)
 

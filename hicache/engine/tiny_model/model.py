@@ -94,6 +94,8 @@ class TinyV4Model:
     # -- checks -----------------------------------------------------------------------------
     def _tokens(self, tokens: Sequence[int] | torch.Tensor) -> torch.Tensor:
         ids = torch.as_tensor(tokens)
+        if ids.dim() == 1 and ids.numel() == 0:
+            return ids.to(torch.int64)
         if ids.dim() != 1 or ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise MisuseError(f"tokens must be a 1-D sequence of integers, got {tuple(ids.shape)} "
                               f"{ids.dtype}")
