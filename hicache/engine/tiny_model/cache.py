@@ -182,7 +182,7 @@ class PagedSequenceCache(SequenceCache):
     def read_history(self, family: str, layer: int, num_rows: int) -> torch.Tensor:
         fam, pages, slots = self._locate(family, torch.arange(num_rows))
         view = self._views[family][self._layer_index(fam, layer)]
-        return view[pages, slots].to(DTYPE)
+        return view[pages.to(view.device), slots.to(view.device)].to("cpu", DTYPE)
 
     def write_history(self, family: str, layer: int, first_row: int, rows: torch.Tensor) -> None:
         idx = torch.arange(first_row, first_row + rows.shape[0])
@@ -192,7 +192,7 @@ class PagedSequenceCache(SequenceCache):
             raise MisuseError(f"{family}: row {first_row} lies in borrowed page "
                               f"{self.page_table[first_row // rpp]}, which is read-only")
         view = self._views[family][self._layer_index(fam, layer)]
-        view[pages, slots] = rows.to(view.device)
+        view[pages.to(view.device), slots.to(view.device)] = rows.to(view.device)
 
     # -- state snapshots --------------------------------------------------------------------
     def _snapshot_views(self, family: FamilySpec) -> torch.Tensor:
@@ -231,7 +231,7 @@ class PagedSequenceCache(SequenceCache):
         self.state.reset()
         for fam in self.layout.state_families:
             if fam.rows_kept:
-                rows = self._snapshot_views(fam)[:, snapshot_id].to(DTYPE)
+                rows = self._snapshot_views(fam)[:, snapshot_id].to("cpu", DTYPE)
                 restore_rows(self.state, fam, rows, first_pos=boundary - fam.rows_kept)
         self.state.length = boundary
 

@@ -55,7 +55,11 @@ def _entries(x, cw, ratio, dim, rope_dim, theta, eps):
     return out
 
 
-def naive_logits(model: TinyV4Model, tokens: list[int]) -> torch.Tensor:
+def naive_logits(model: TinyV4Model, tokens: list[int], stats: dict | None = None) -> torch.Tensor:
+    """Logits of every position; ``stats['decisive_ties']`` counts queries whose top-k
+    cut falls between two exactly equal index scores (so the tie rule decides)."""
+    stats = stats if stats is not None else {}
+    stats.setdefault("decisive_ties", 0)
     cfg, W = model.cfg, model.weights
     T = len(tokens)
     h = W.embed[torch.tensor(tokens)]
@@ -80,7 +84,11 @@ def naive_logits(model: TinyV4Model, tokens: list[int]) -> torch.Tensor:
                            cfg.index_rope_dim, cfg.rope_theta)
                 iw = x[t] @ lw.indexer.wweights
                 score = {j: float((torch.relu(iq @ iks[j]) * iw).sum()) for j in visible}
-                visible = sorted(visible, key=lambda j: (-score[j], j))[: cfg.index_topk]
+                ranked = sorted(visible, key=lambda j: (-score[j], j))
+                k = cfg.index_topk
+                if len(ranked) > k and score[ranked[k - 1]] == score[ranked[k]]:
+                    stats["decisive_ties"] += 1
+                visible = ranked[:k]
             keys += [ents[j] for j in visible]
             K = torch.stack(keys)
             head_out = []

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from hicache.engine.tiny_model import (DenseSequenceCache, PagedSequenceCache, TinyV4Config,
-                                       compare_logits, layout_for, reference_logits,
-                                       restore_rows)
-from tests.engine.tiny_model.support import f64_rows, device_pools, model_for, run_publishing, tokens
+                                       compare_logits, layout_for, restore_rows)
+from tests.engine.tiny_model.support import (device_pools, f64_rows, model_for, run_publishing,
+                                             tokens)
 
 CFG = TinyV4Config()
 B = 48

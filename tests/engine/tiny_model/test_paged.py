@@ -258,3 +258,21 @@ def test_paged_misuse_is_reported():
     pools.free("page", pages)
     pools.free("state", [sid])
     pools.check_integrity()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_resume_from_pools_on_a_cuda_device():
+    """Pools on the GPU, model on the CPU: rows cross the device boundary unchanged."""
+    cfg = TinyV4Config()
+    model = model_for(cfg)
+    pools = TierPools(layout_for(cfg), "device", num_pages=16, num_snapshots=4, device="cuda")
+    toks = tokens(cfg, 70, seed=25)
+    _, owner, pub = run_publishing(model, pools, toks[:48], chunks=7)
+    cache = PagedSequenceCache.resume(cfg, pools, pub.pages[:3], pub.snapshots[48], 48)
+    assert cache.reserve(70).ok
+    got = model.run(toks[48:], cache)
+    assert compare_logits(got, reference_logits(model, toks)[48:]).exact
+    cache.release()
+    owner.release()
+    pools.check_integrity()
