@@ -27,7 +27,7 @@ from hicache.engine.tiny_model.config import TinyV4Config, layout_for
 from hicache.engine.tiny_model.state import DTYPE, WorkingState, restore_rows, state_rows
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout, FamilySpec
-from hicache.pools import AllocResult, TierPools
+from hicache.pools import AllocResult, TierPools, as_id_array
 
 
 class SequenceCache(ABC):
@@ -120,11 +120,9 @@ class PagedSequenceCache(SequenceCache):
         f = view.view(torch.float64)
         return f.view(f.shape[0], f.shape[1], rows, f.shape[2] // rows)
 
-    def _check_pages(self, ids: Sequence[int]) -> None:
-        used = self.pools.anchors["page"].is_used(list(ids)) if ids else []
-        for pid, ok in zip(ids, used):
-            if not ok:
-                raise MisuseError(f"page {pid} is not allocated in the {self.pools.tier} pool")
+    def _check_pages(self, table: Sequence[int]) -> None:
+        """Every page of a table is allocated in the pool and appears once."""
+        self.pools.anchors["page"].check_ids(as_id_array(list(table)), must_be_used=True)
 
     # -- pages ------------------------------------------------------------------------------
     @property
@@ -144,7 +142,7 @@ class PagedSequenceCache(SequenceCache):
     def extend_pages(self, ids: Sequence[int]) -> None:
         """Append writable pages the caller allocated (and frees)."""
         ids = [int(i) for i in ids]
-        self._check_pages(ids)
+        self._check_pages(self.page_table + ids)
         self.page_table.extend(ids)
 
     def publish_pages(self, boundary: int) -> list[int]:
@@ -203,9 +201,8 @@ class PagedSequenceCache(SequenceCache):
         if isinstance(boundary, bool) or not isinstance(boundary, int) or boundary <= 0 or boundary % p:
             raise MisuseError(f"snapshot boundary {boundary!r} must be a positive multiple of "
                               f"page_tokens={p}")
-        if not bool(self.pools.anchors["state"].is_used([snapshot_id])[0]):
-            raise MisuseError(f"snapshot id {snapshot_id} is not allocated in the "
-                              f"{self.pools.tier} state pool")
+        self.pools.anchors["state"].check_ids(as_id_array([snapshot_id], what="snapshot id"),
+                                              must_be_used=True)
 
     def save_snapshot(self, boundary: int, snapshot_id: int) -> None:
         """Copy the ``rows_kept`` rows of every state family for ``boundary`` into the pool.

@@ -220,12 +220,26 @@ def test_reserve_publish_release_account_for_every_page():
     pools.check_integrity()
 
 
+def test_caller_allocated_pages_are_written_but_not_freed():
+    cfg = TinyV4Config()
+    model, pools = model_for(cfg), device_pools(cfg, pages=4, snapshots=1)
+    ids = pools.alloc("page", 3).ids.tolist()
+    cache = PagedSequenceCache(cfg, pools)
+    cache.extend_pages(ids)
+    toks = tokens(cfg, 45, seed=26)
+    assert compare_logits(model.run(toks, cache, chunks=8), reference_logits(model, toks)).exact
+    cache.release()
+    assert pools.num_used("page") == 3
+    pools.free("page", ids)
+    pools.check_integrity()
+
+
 def test_paged_misuse_is_reported():
     cfg = TinyV4Config()
     model, pools = model_for(cfg), device_pools(cfg, pages=8, snapshots=2)
     with pytest.raises(MisuseError, match="layout"):
         PagedSequenceCache(TinyV4Config(window=9), pools)
-    with pytest.raises(MisuseError, match="not allocated"):
+    with pytest.raises(MisuseError, match="id 3 is not allocated"):
         PagedSequenceCache(cfg, pools, page_table=[3])
     cache = PagedSequenceCache(cfg, pools)
     with pytest.raises(MisuseError, match="reserve pages first"):
@@ -237,8 +251,10 @@ def test_paged_misuse_is_reported():
         cache.save_snapshot(16, sid)
     with pytest.raises(MisuseError, match="multiple of page_tokens"):
         cache.save_snapshot(20, sid)
-    with pytest.raises(MisuseError, match="not allocated"):
+    with pytest.raises(MisuseError, match="id 1 is not allocated"):
         cache.save_snapshot(16, 1)
+    with pytest.raises(MisuseError, match="out of range"):
+        cache.load_snapshot(99, 16)
     with pytest.raises(MisuseError, match="publish boundary"):
         cache.publish_pages(32)
     model.run(tokens(cfg, 12, seed=24), cache)
@@ -249,6 +265,8 @@ def test_paged_misuse_is_reported():
     short = PagedSequenceCache(cfg, pools, page_table=pages[:1])
     with pytest.raises(MisuseError, match="needs 2 history pages"):
         short.load_snapshot(sid, 32)
+    with pytest.raises(MisuseError, match="given twice"):
+        PagedSequenceCache(cfg, pools, page_table=pages).extend_pages(pages[:1])
     sib = PagedSequenceCache(cfg, pools, page_table=pages)
     with pytest.raises(MisuseError, match="borrowed page"):
         sib.write_history("c4_kv", 2, 0, torch.zeros((1, cfg.head_dim), dtype=torch.float64))
