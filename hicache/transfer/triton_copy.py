@@ -18,6 +18,7 @@ cycles each. On CPU the same kernel runs under ``TRITON_INTERPRET=1`` in the tes
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
@@ -42,29 +43,42 @@ def available() -> bool:
     return triton is not None
 
 
-if triton is not None:
+def _copy_units(base, desc, src_ids, dst_ids, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    j = tl.program_id(0)
+    d = desc + tl.program_id(1) * 8
+    n_pairs = tl.load(d + 6)
+    if j < n_pairs:
+        src_off = tl.load(d + 0)
+        dst_off = tl.load(d + 1)
+        src_stride = tl.load(d + 2)
+        dst_stride = tl.load(d + 3)
+        unit = tl.load(d + 4)
+        ids_start = tl.load(d + 5)
+        s = tl.load(src_ids + ids_start + j)
+        t = tl.load(dst_ids + ids_start + j)
+        src_row = tl.multiple_of(src_off + s * src_stride, VEC)
+        dst_row = tl.multiple_of(dst_off + t * dst_stride, VEC)
+        for off in range(0, unit, BLOCK):
+            idx = off + tl.arange(0, BLOCK)
+            mask = idx < unit
+            vals = tl.load(base + src_row + idx, mask=mask)
+            tl.store(base + dst_row + idx, vals, mask=mask)
 
-    @triton.jit
-    def _copy_units(base, desc, src_ids, dst_ids, BLOCK: tl.constexpr, VEC: tl.constexpr):
-        j = tl.program_id(0)
-        d = desc + tl.program_id(1) * 8
-        n_pairs = tl.load(d + 6)
-        if j < n_pairs:
-            src_off = tl.load(d + 0)
-            dst_off = tl.load(d + 1)
-            src_stride = tl.load(d + 2)
-            dst_stride = tl.load(d + 3)
-            unit = tl.load(d + 4)
-            ids_start = tl.load(d + 5)
-            s = tl.load(src_ids + ids_start + j)
-            t = tl.load(dst_ids + ids_start + j)
-            src_row = tl.multiple_of(src_off + s * src_stride, VEC)
-            dst_row = tl.multiple_of(dst_off + t * dst_stride, VEC)
-            for off in range(0, unit, BLOCK):
-                idx = off + tl.arange(0, BLOCK)
-                mask = idx < unit
-                vals = tl.load(base + src_row + idx, mask=mask)
-                tl.store(base + dst_row + idx, vals, mask=mask)
+
+_KERNELS: dict[bool, object] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _kernel():
+    """The jitted kernel; decorated on first use so TRITON_INTERPRET=1 set by a test
+    (after hicache was imported) still selects Triton's interpreter."""
+    key = interpreting()
+    if key not in _KERNELS:
+        _KERNELS[key] = triton.jit(_copy_units)
+    return _KERNELS[key]
 
 
 def kernel_device(plan: CopyPlan) -> torch.device:
@@ -94,9 +108,7 @@ def launch(plan: CopyPlan, segments: Sequence[Segment]) -> list[torch.Tensor]:
         return []
     device = kernel_device(plan)
     if device.type == "cpu":
-        import os
-
-        if os.environ.get("TRITON_INTERPRET") != "1":
+        if not interpreting():
             raise MisuseError("backend 'triton' on CPU tensors runs only under TRITON_INTERPRET=1")
     for it in plan.items:
         for t in (it.src, it.dst):
@@ -137,5 +149,5 @@ def launch(plan: CopyPlan, segments: Sequence[Segment]) -> list[torch.Tensor]:
     if pin:
         host = [h.pin_memory() for h in host]
     desc_t, src_t, dst_t = (h.to(device, non_blocking=True) for h in host)
-    _copy_units[(max_pairs, len(segments))](base, desc_t, src_t, dst_t, BLOCK=block, VEC=vec)
+    _kernel()[(max_pairs, len(segments))](base, desc_t, src_t, dst_t, BLOCK=block, VEC=vec)
     return host + [desc_t, src_t, dst_t]
