@@ -1,0 +1,45 @@
+"""The transfer layer's frozen config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hicache.errors import ConfigError
+
+BACKENDS = ("auto", "reference", "cpu", "native", "torch", "triton")
+LOAD_GRANULARITIES = ("layer", "batch")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How the controller copies and how much it lets queue up.
+
+    ``backend``: see :mod:`hicache.transfer.kernels` (``auto`` = Triton on CUDA, the native
+    batched memcpy on CPU). ``load_granularity``: ``layer`` runs a load batch one model
+    layer at a time (one launch per layer, all families of that layer together) so
+    :meth:`LoadHandle.wait_layer` returns as each layer lands; ``batch`` runs it as one
+    launch. Backups always run as one launch per batch.
+    ``max_queued_ops`` / ``max_queued_bytes`` bound the ops submitted and not yet acked
+    (pending plus in flight); a submission past either bound returns ``QueueFull`` and
+    allocates nothing. ``cpu_threads``: threads of one CPU copy (0 = torch's thread count).
+    """
+
+    backend: str = "auto"
+    load_granularity: str = "layer"
+    max_queued_ops: int = 4096
+    max_queued_bytes: int | None = None
+    cpu_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ConfigError("transfer.backend", self.backend, f"must be one of {list(BACKENDS)}")
+        if self.load_granularity not in LOAD_GRANULARITIES:
+            raise ConfigError("transfer.load_granularity", self.load_granularity,
+                              f"must be one of {list(LOAD_GRANULARITIES)}")
+        for name, minimum in (("max_queued_ops", 1), ("cpu_threads", 0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+                raise ConfigError(f"transfer.{name}", v, f"must be an integer >= {minimum}")
+        b = self.max_queued_bytes
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ConfigError("transfer.max_queued_bytes", b, "must be null or a positive byte count")

@@ -1,0 +1,153 @@
+"""The Triton copy kernel: every layer of every family of a batch in one launch.
+
+One program copies one unit (one id's bytes of one layer of one family). Programs are
+laid out on a 2-D grid, pairs on axis 0 (up to 2**31 - 1) and segments on axis 1::
+
+    grid = (max pairs, segments)        program (j, k): segment k, pair j
+    desc[k] = [src_off, dst_off, src_id_stride, dst_id_stride, unit, ids_start, n_pairs, 0]
+    src address = base + src_off + src_ids[ids_start + j] * src_id_stride     (elements)
+
+All addresses are element offsets from one *base* tensor, so families living in different
+tensors -- and, on CUDA, host pools in pinned memory reached through unified virtual
+addressing -- share one launch without pointer tables. The element is the widest of
+int64 / int32 / int16 / uint8 that divides every unit, stride and address of the batch.
+
+On a GPU the programs of short segments exit at once (``j >= n_pairs``); the cost is a few
+cycles each. On CPU the same kernel runs under ``TRITON_INTERPRET=1`` in the tests.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from hicache.errors import MisuseError
+from hicache.transfer.plan import CopyPlan, Segment, element_width
+
+try:  # optional dependency: the CPU path never needs it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    triton = None
+    tl = None
+
+_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
+_BASES: dict[tuple[str, int], torch.Tensor] = {}
+DESC_FIELDS = 8
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def _copy_units(base, desc, src_ids, dst_ids, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    j = tl.program_id(0)
+    d = desc + tl.program_id(1) * 8
+    n_pairs = tl.load(d + 6)
+    if j < n_pairs:
+        src_off = tl.load(d + 0)
+        dst_off = tl.load(d + 1)
+        src_stride = tl.load(d + 2)
+        dst_stride = tl.load(d + 3)
+        unit = tl.load(d + 4)
+        ids_start = tl.load(d + 5)
+        s = tl.load(src_ids + ids_start + j)
+        t = tl.load(dst_ids + ids_start + j)
+        src_row = tl.multiple_of(src_off + s * src_stride, VEC)
+        dst_row = tl.multiple_of(dst_off + t * dst_stride, VEC)
+        for off in range(0, unit, BLOCK):
+            idx = off + tl.arange(0, BLOCK)
+            mask = idx < unit
+            vals = tl.load(base + src_row + idx, mask=mask)
+            tl.store(base + dst_row + idx, vals, mask=mask)
+
+
+_KERNELS: dict[bool, object] = {}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _kernel():
+    """The jitted kernel; decorated on first use so TRITON_INTERPRET=1 set by a test
+    (after hicache was imported) still selects Triton's interpreter."""
+    key = interpreting()
+    if key not in _KERNELS:
+        _KERNELS[key] = triton.jit(_copy_units)
+    return _KERNELS[key]
+
+
+def kernel_device(plan: CopyPlan) -> torch.device:
+    """Where the kernel runs: the CUDA side of the batch, else the CPU (interpreter)."""
+    for dev in (plan.src_device, plan.dst_device):
+        if dev is not None and dev.type == "cuda":
+            return dev
+    return torch.device("cpu")
+
+
+def _base(device: torch.device, width: int) -> torch.Tensor:
+    key = (str(device), width)
+    if key not in _BASES:
+        _BASES[key] = torch.zeros(64, dtype=_DTYPES[width], device=device)
+    return _BASES[key]
+
+
+def launch(plan: CopyPlan, segments: Sequence[Segment]) -> list[torch.Tensor]:
+    """Launch one kernel for ``segments`` on the current stream.
+
+    Returns the tensors the launch reads (descriptor, ids); the caller keeps them alive
+    until the launch has completed.
+    """
+    if triton is None:
+        raise MisuseError("backend 'triton' needs the triton package (pip install hicache[triton])")
+    if not segments:
+        return []
+    device = kernel_device(plan)
+    if device.type == "cpu":
+        if not interpreting():
+            raise MisuseError("backend 'triton' on CPU tensors runs only under TRITON_INTERPRET=1")
+    for it in plan.items:
+        for t in (it.src, it.dst):
+            if t.device.type == "cpu" and device.type == "cuda" and not t.is_pinned():
+                raise MisuseError(f"{it.name}: host memory must be pinned for the Triton kernel")
+    base8 = _base(device, 8)
+    base_addr = base8.data_ptr()
+    values = [base_addr]
+    for s in segments:
+        it = plan.items[s.item]
+        values += [it.unit_bytes, it.src.stride(0), it.src.stride(1), it.dst.stride(0),
+                   it.dst.stride(1), it.src.data_ptr() - base_addr, it.dst.data_ptr() - base_addr]
+    width = element_width(values)
+    base = _base(device, width)
+    base_addr = base.data_ptr()
+    item_start: dict[int, int] = {}
+    src_ids, dst_ids, desc = [], [], []
+    n = 0
+    for s in segments:
+        it = plan.items[s.item]
+        if s.item not in item_start:
+            item_start[s.item] = n
+            src_ids.append(it.src_ids)
+            dst_ids.append(it.dst_ids)
+            n += it.num_pairs
+        desc.append([(it.src.data_ptr() - base_addr + s.layer * it.src.stride(0)) // width,
+                     (it.dst.data_ptr() - base_addr + s.layer * it.dst.stride(0)) // width,
+                     it.src.stride(1) // width, it.dst.stride(1) // width,
+                     it.unit_bytes // width, item_start[s.item], it.num_pairs, 0])
+    max_pairs = max(plan.items[s.item].num_pairs for s in segments)
+    max_unit = max(plan.items[s.item].unit_bytes for s in segments) // width
+    block = int(min(1024, max(16, 1 << (max_unit - 1).bit_length())))
+    vec = element_width([d[0] for d in desc] + [d[1] for d in desc]
+                        + [d[2] for d in desc] + [d[3] for d in desc], limit=16 // width or 1)
+    pin = device.type == "cuda"
+    host = [torch.from_numpy(np.asarray(desc, dtype=np.int64)),
+            torch.from_numpy(np.concatenate(src_ids)), torch.from_numpy(np.concatenate(dst_ids))]
+    if pin:
+        host = [h.pin_memory() for h in host]
+    desc_t, src_t, dst_t = (h.to(device, non_blocking=True) for h in host)
+    _kernel()[(max_pairs, len(segments))](base, desc_t, src_t, dst_t, BLOCK=block, VEC=vec)
+    return host + [desc_t, src_t, dst_t]

@@ -1,0 +1,159 @@
+"""Copy kernels against the pure-torch reference: every backend, layout, row size, direction."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hicache.errors import MisuseError
+from hicache.transfer import copy_batch, copy_rows, make_row_copy, resolve_backend
+from hicache.transfer.kernels import build_pieces
+from hicache.transfer.plan import CopyPlan, element_width
+from tests.transfer.conftest import make_pools, row_size_layout, snapshot, tiny_layout
+
+BACKENDS = ["native", "torch", "triton", "reference"]
+
+
+def expected_after(pools, direction, ids):
+    """What every pool of the destination tier must hold after the copy (the oracle)."""
+    src_tier, dst_tier = (pools.device, pools.host) if direction == "d2h" else (pools.host, pools.device)
+    want = snapshot(dst_tier)
+    for fam in pools.layout.families:
+        s, d = ids[fam.index_source]
+        s, d = torch.as_tensor(s), torch.as_tensor(d)
+        for layer in range(fam.num_layers):     # per layer, per pair: the obvious loop
+            for j in range(len(s)):
+                want[fam.name][layer, d[j]] = src_tier.view(fam.name)[layer, s[j]]
+    return want
+
+
+def batch_items(pools, direction, ids):
+    src_tier, dst_tier = (pools.device, pools.host) if direction == "d2h" else (pools.host, pools.device)
+    return [make_row_copy(src_tier.view(f.name), dst_tier.view(f.name), *ids[f.index_source],
+                          name=f.name, layer_ids=f.layer_ids) for f in pools.layout.families]
+
+
+def scattered_ids(pools, direction, seed):
+    """Unsorted, non-contiguous ids; sources may repeat, destinations never do."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for source in ("page", "state"):
+        n_dev, n_host = pools.device.capacity(source), pools.host.capacity(source)
+        n_src, n_dst = (n_dev, n_host) if direction == "d2h" else (n_host, n_dev)
+        k = min(n_src, n_dst) - 1
+        src = rng.permutation(n_src)[:k]
+        src[-1] = src[0]                      # a repeated source row is legal
+        out[source] = (src, rng.permutation(n_dst)[:k])
+    return out
+
+
+@pytest.mark.parametrize("layout_fn", [tiny_layout, row_size_layout], ids=["tiny", "rowsizes"])
+@pytest.mark.parametrize("host_layout", ["layer_first", "page_first"])
+@pytest.mark.parametrize("direction", ["d2h", "h2d"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_matches_reference(layout_fn, host_layout, direction, backend, interpret):
+    pools = make_pools(layout_fn(), host_layout=host_layout, seed=7)
+    ids = scattered_ids(pools, direction, seed=3)
+    want = expected_after(pools, direction, ids)
+    copy_batch(batch_items(pools, direction, ids), backend=backend)
+    dst_tier = pools.host if direction == "d2h" else pools.device
+    for name, tensor in want.items():
+        assert torch.equal(dst_tier.view(name), tensor), f"{backend}: {name} differs"
+    if host_layout == "page_first":   # the objects hold exactly the family views' bytes
+        for source in ("page", "state"):
+            obj = pools.host.object_view(source)
+            parts = [pools.host.view(f.name).permute(1, 0, 2).reshape(obj.shape[0], -1)
+                     for f in pools.layout.families_on(source)]
+            assert torch.equal(torch.cat(parts, dim=1), obj)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_copy_rows_single_family_every_row_size(backend, interpret):
+    for row_bytes in (584, 132, 68, 8192, 2048, 7, 1):
+        src = torch.randint(0, 256, (3, 9, row_bytes), dtype=torch.uint8)
+        dst = torch.randint(0, 256, (3, 6, row_bytes), dtype=torch.uint8)
+        want = dst.clone()
+        s, d = [8, 0, 5, 5], [2, 5, 0, 3]
+        want[:, d] = src[:, s]
+        copy_rows(src, dst, s, d, backend=backend)
+        assert torch.equal(dst, want), (backend, row_bytes)
+
+
+@pytest.mark.parametrize("backend", ["native", "triton"])
+def test_triton_and_native_handle_negative_address_offsets(backend, interpret):
+    # The Triton kernel addresses everything relative to one base tensor, so some views
+    # sit below it (negative offsets); a view that is a slice with a storage offset too.
+    big = torch.randint(0, 256, (2, 40, 24), dtype=torch.uint8)
+    src = big[:, 5:20]
+    dst = torch.zeros(2, 7, 24, dtype=torch.uint8)
+    want = dst.clone()
+    want[:, [6, 1]] = src[:, [14, 0]]
+    copy_rows(src, dst, [14, 0], [6, 1], backend=backend)
+    assert torch.equal(dst, want)
+
+
+def test_empty_copy_is_a_no_op():
+    src = torch.ones(2, 4, 8, dtype=torch.uint8)
+    dst = torch.zeros(2, 4, 8, dtype=torch.uint8)
+    copy_rows(src, dst, [], [], backend="native")
+    assert int(dst.sum()) == 0
+
+
+@pytest.mark.parametrize("backend", ["native", "torch", "reference"])
+def test_bad_ids_raise_and_write_nothing(backend):
+    src = torch.ones(2, 4, 8, dtype=torch.uint8)
+    dst = torch.zeros(2, 5, 8, dtype=torch.uint8)
+    with pytest.raises(MisuseError, match="dst_ids: id 3 given twice"):
+        copy_rows(src, dst, [0, 1, 2], [3, 1, 3], backend=backend)
+    with pytest.raises(MisuseError, match=r"src_ids: id 4 out of range \[0, 4\)"):
+        copy_rows(src, dst, [4], [0], backend=backend)
+    with pytest.raises(MisuseError, match=r"dst_ids: id -1 out of range \[0, 5\)"):
+        copy_rows(src, dst, [0], [-1], backend=backend)
+    with pytest.raises(MisuseError, match="2 src_ids but 1 dst_ids"):
+        copy_rows(src, dst, [0, 1], [0], backend=backend)
+    with pytest.raises(MisuseError, match="must be integers"):
+        copy_rows(src, dst, [0.5], [0], backend=backend)
+    assert int(dst.sum()) == 0
+
+
+def test_bad_views_raise(monkeypatch):
+    src = torch.ones(2, 4, 8, dtype=torch.uint8)
+    with pytest.raises(MisuseError, match="uint8 view"):
+        copy_rows(src.float(), src.clone(), [0], [0])
+    with pytest.raises(MisuseError, match="differ in layers or unit bytes"):
+        copy_rows(src, torch.zeros(3, 4, 8, dtype=torch.uint8), [0], [0])
+    with pytest.raises(MisuseError, match="share storage"):
+        copy_rows(src[:, :2], src[:, 2:], [0], [1])
+    with pytest.raises(MisuseError, match="unknown copy backend 'gpu'"):
+        copy_rows(src, src.clone(), [0], [0], backend="gpu")
+    with pytest.raises(MisuseError, match="TRITON_INTERPRET"):
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+        copy_rows(src, src.clone(), [0], [0], backend="triton")
+
+
+def test_pieces_are_pair_major_in_page_first_object_order():
+    pools = make_pools(tiny_layout(), host_layout="page_first")
+    ids = {"page": (np.array([4, 1]), np.array([7, 2])), "state": (np.array([0]), np.array([3]))}
+    plan = CopyPlan([i for i in batch_items(pools, "d2h", ids)])
+    src, dst, n = build_pieces(plan, plan.segments)
+    obj = pools.host.object_view("page")
+    page_bytes = obj.shape[1]
+    # Pairs sorted by destination: host page 2 first, written front to back, then page 7.
+    page_pieces = [(int(a), int(b)) for a, b in zip(dst, n)
+                   if obj.data_ptr() <= a < obj.data_ptr() + obj.numel()]
+    offsets = [a - obj.data_ptr() for a, _ in page_pieces]
+    assert offsets == sorted(offsets)
+    assert offsets[0] == 2 * page_bytes and sum(b for _, b in page_pieces) == 2 * page_bytes
+    assert int(n.sum()) == plan.nbytes
+
+
+def test_element_width_and_backend_resolution():
+    assert element_width([584, 1168, 0]) == 8
+    assert element_width([132, 264]) == 4
+    assert element_width([68, 7]) == 1
+    assert element_width([32], limit=2) == 2
+    plan = CopyPlan([make_row_copy(torch.zeros(1, 2, 4, dtype=torch.uint8),
+                                   torch.zeros(1, 2, 4, dtype=torch.uint8), [0], [1])])
+    assert resolve_backend("auto", plan) in ("native", "torch")
+    assert resolve_backend("reference", plan) == "reference"
