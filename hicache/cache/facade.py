@@ -62,9 +62,9 @@ class HiCache(PublishMixin, ResidencyMixin):
         self.counters = CacheStats()
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
-        self._loading: dict[int, object] = {}        # node_id -> load handle
         self._loading_snaps: dict[int, object] = {}  # id(snapshot) -> load handle
         self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
+        self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
         self._closed = False
 
     @classmethod
@@ -137,15 +137,15 @@ class HiCache(PublishMixin, ResidencyMixin):
         path = self.tree.walk(toks, self._max_pages(toks))
         r = self._resume(path)
         node = self._node_at(path, r.pages)
-        self.tree.lock(node)
+        self._pin(node, r.snapshot, +1)  # before making room: eviction must not take them
         loads = self._queue_load(node, r.snapshot)
         if loads is None:
-            self.tree.lock(node, -1)
+            self._pin(node, r.snapshot, -1)
             self.counters.load_fallbacks += 1
             path = self.tree.walk(toks, self._max_pages(toks))  # a split may have changed it
             r = self._device_resume(path)
             node = self._node_at(path, r.pages)
-            self.tree.lock(node)
+            self._pin(node, r.snapshot, +1)
             loads = []
         lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * self.page_tokens,
                       page_table=[], snapshot_id=None, page_tokens=self.page_tokens,
@@ -158,15 +158,14 @@ class HiCache(PublishMixin, ResidencyMixin):
                 src = np.concatenate([n.host_ids for n in load.nodes])
                 handle = self._submit("h2d", "page", src, load.page_dst, load)
                 for n in load.nodes:
-                    self._loading[n.node_id] = handle
+                    n.load_ticket = handle
             else:
                 handle = self._submit("h2d", "state", np.asarray([load.snap_src]),
                                       np.asarray([load.snap_dst]), load)
                 self._loading_snaps[id(load.snap)] = handle
-        deps = {id(h): h for n in chain if (h := self._loading.get(n.node_id)) is not None}
-        if r.snapshot is not None and r.pages:
+        deps = {id(n.load_ticket): n.load_ticket for n in chain if n.load_ticket is not None}
+        if r.snapshot is not None:
             snap = r.snapshot
-            snap.lock += 1
             snap.last_access = self.tree.clock
             lease._resume_snapshot = snap
             lease.snapshot_id = snap.device_id
@@ -191,6 +190,11 @@ class HiCache(PublishMixin, ResidencyMixin):
         if start:
             self.ctl.step()
         return lease
+
+    def _pin(self, node: TreeNode, snap: Snapshot | None, delta: int) -> None:
+        self.tree.lock(node, delta)
+        if snap is not None:
+            snap.lock += delta
 
     def _device_resume(self, path: PathMatch) -> _Resume:
         """The deepest resume point that needs no load (fallback when the device is full)."""
@@ -281,7 +285,8 @@ class HiCache(PublishMixin, ResidencyMixin):
     def drain(self, timeout: float | None = 30.0) -> None:
         """Wait for every queued and in-flight copy and apply them (tests, shutdown)."""
         self.ctl.step()
-        self.ctl.wait_idle(timeout=timeout)
+        for handle in list(self._handles.values()):
+            handle.wait(timeout=timeout)
         self._process_acks()
 
     def close(self) -> None:

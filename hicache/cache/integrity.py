@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from hicache.cache.residency import Load, PageBackup, SnapshotBackup
+from hicache.cache.residency import PageBackup, SnapshotBackup
 
 if TYPE_CHECKING:
     from hicache.cache.facade import HiCache
@@ -74,10 +74,10 @@ def check_cache(cache: "HiCache") -> None:
             if s is not None:
                 snap_locks[id(s)] += 1
         assert lease.published_pages <= len(lease.page_table), f"lease {lease.lease_id}: page table short"
-    for tag in inflight:
-        if isinstance(tag, Load):
-            for n in tag.nodes:
-                host_locks[n.node_id] += 1
+    for n in nodes:  # a node is filled by at most one load; splits share its ticket
+        if n.load_ticket is not None:
+            host_locks[n.node_id] += 1
+            assert n.on_device, f"{n}: loading without device rows"
     for n in nodes:
         assert n.lock_device == locks[n.node_id], \
             f"{n}: lock_device {n.lock_device} but {locks[n.node_id]} leases hold it"
@@ -86,5 +86,6 @@ def check_cache(cache: "HiCache") -> None:
         if n.snapshot is not None:
             assert n.snapshot.lock == snap_locks[id(n.snapshot)], f"{n}: snapshot lock count is off"
             assert not n.snapshot.empty, f"{n}: empty snapshot left attached"
-    for node_id in cache._loading:
-        assert any(n.node_id == node_id and n.on_device for n in nodes), f"loading node {node_id} is gone"
+    live = {id(h) for h in cache._handles.values()}
+    for n in nodes:
+        assert n.load_ticket is None or id(n.load_ticket) in live, f"{n}: load ticket of no in-flight copy"

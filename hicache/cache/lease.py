@@ -59,7 +59,7 @@ class Lease:
     @property
     def ok(self) -> bool:
         """False if a load this lease depends on failed: recompute instead (release it)."""
-        return all(h.ok for h in self._deps if h.done())
+        return all(h.status != "failed" for h in self._deps)
 
     def wait(self, layer: int | None = None, timeout: float | None = None) -> bool:
         """Block until the prefix (or just model layer ``layer`` of it) is on the device.

@@ -52,7 +52,7 @@ class PublishMixin:
         if snapshot_id is not None and snapshot_id not in lease._unpublished_snapshots:
             raise MisuseError(f"snapshot {snapshot_id} was not allocated for this lease")
         table = np.asarray(lease.page_table[:num_pages], np.int64)
-        res = self.tree.insert(toks[: num_pages * P], table, loading=set(self._loading))
+        res = self.tree.insert(toks[: num_pages * P], table)
         if res.duplicates.size:
             self._free("device", "page", res.duplicates)
             lease.owned.difference_update(res.duplicates.tolist())

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from hicache.transfer import CopyHandle, LoadHandle
 from hicache.tree import Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
 
 
@@ -56,7 +57,7 @@ class ResidencyMixin:
     # -- helpers ------------------------------------------------------------------------
     def _busy(self, node: TreeNode) -> bool:
         snap = node.snapshot
-        return node.node_id in self._loading or (snap is not None and (snap.backup_pending or
+        return node.load_ticket is not None or (snap is not None and (snap.backup_pending or
                                                                        id(snap) in self._loading_snaps))
 
     def _free(self, tier: str, source: str, ids: Iterable[int] | np.ndarray) -> None:
@@ -188,7 +189,7 @@ class ResidencyMixin:
     # -- backups ------------------------------------------------------------------------
     def _backup_nodes(self, nodes: list[TreeNode], *, sync: bool = False) -> None:
         nodes = [n for n in nodes if n.on_device and not n.on_host and n.backup_pending == 0
-                 and n.node_id not in self._loading and n.parent is not None]
+                 and n.load_ticket is None and n.parent is not None]
         if not nodes:
             return
         src = np.concatenate([n.device_ids for n in nodes])
@@ -218,8 +219,14 @@ class ResidencyMixin:
 
     def _submit(self, direction: str, source: str, src: np.ndarray, dst: np.ndarray, tag: Any,
                 *, sync: bool = False):
+        """Queue one copy; under backpressure, drain what is in flight and queue again."""
         handle = self.ctl.copy(direction, source, src, dst, tag=tag)
+        if not isinstance(handle, (CopyHandle, LoadHandle)):  # QueueFull
+            self.drain()
+            handle = self.ctl.copy(direction, source, src, dst, tag=tag)
+            assert isinstance(handle, (CopyHandle, LoadHandle)), f"queue still full after a drain: {handle}"
         self._inflight[id(tag)] = tag
+        self._handles[id(tag)] = handle
         if sync:
             self.ctl.step()
             handle.wait()
@@ -244,6 +251,7 @@ class ResidencyMixin:
                     self.counters.backup_failures += not ack.ok
             elif isinstance(tag, Load):
                 self._ack_load(tag, ack.ok)
+            self._handles.pop(id(tag), None)
         return len(acks)
 
     def _ack_page_backup(self, tag: PageBackup, ok: bool) -> None:
@@ -269,8 +277,18 @@ class ResidencyMixin:
             self.counters.backup_failures += 1
 
     def _ack_load(self, tag: Load, ok: bool) -> None:
-        for node in tag.nodes:
-            self._loading.pop(node.node_id, None)
+        handle = self._handles.get(id(tag))
+        done: list[TreeNode] = []
+        for start in tag.nodes:
+            # A split during the load moved some of its pages into new parents that carry
+            # the same ticket: finish those too.
+            for node in start.iter_ancestors():
+                if node.load_ticket is None or (handle is not None and node.load_ticket is not handle):
+                    break
+                if node not in done:
+                    done.append(node)
+        for node in done:
+            node.load_ticket = None
             node.lock_host -= 1
             if not ok:
                 # The device copy never arrived: back to a shadow. Dependent leases see the
@@ -285,7 +303,7 @@ class ResidencyMixin:
                 self._free("device", "state", [tag.snap.device_id])
                 tag.snap.device_id = None
         if ok:
-            self.counters.loaded_pages += sum(n.num_pages for n in tag.nodes)
+            self.counters.loaded_pages += sum(n.num_pages for n in done)
             self.counters.snapshots_loaded += tag.snap is not None
         else:
             self.counters.load_failures += 1

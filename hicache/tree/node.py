@@ -80,6 +80,7 @@ class TreeNode:
     lock_device: int = 0     # running requests whose prefix covers this node
     lock_host: int = 0       # in-flight loads reading the host copy
     backup_pending: int = 0  # in-flight D2H copies reading the device copy
+    load_ticket: object | None = None  # the in-flight H2D copy filling the device copy
     last_access: float = 0.0
     hit_count: int = 0
     snapshot: Snapshot | None = None

@@ -133,7 +133,8 @@ class RadixTree:
             device_ids=None if node.device_ids is None else node.device_ids[:pages],
             host_ids=None if node.host_ids is None else node.host_ids[:pages],
             lock_device=node.lock_device, lock_host=node.lock_host,
-            backup_pending=node.backup_pending, last_access=node.last_access,
+            backup_pending=node.backup_pending, load_ticket=node.load_ticket,
+            last_access=node.last_access,
             hit_count=node.hit_count, node_id=self._new_id())
         key = node.first_page_key(P)
         node.tokens = node.tokens[pages * P:]
@@ -175,15 +176,15 @@ class RadixTree:
         return self._next_id
 
     # -- publish ------------------------------------------------------------------------
-    def insert(self, tokens: np.ndarray, device_ids: np.ndarray, *,
-               loading: set[int] | None = None) -> InsertResult:
+    def insert(self, tokens: np.ndarray, device_ids: np.ndarray) -> InsertResult:
         """Publish ``len(device_ids)`` leading pages of ``tokens`` held on the device.
 
         Pages already in the tree on the device keep the tree's id (the request's id is a
         duplicate and is returned for freeing, unless it *is* the tree's id: a borrowed
         page). Shadow nodes get the request's device ids back. The rest becomes a new leaf.
-        ``loading`` holds ids of nodes whose device copy is still being loaded; those are
-        not adopted (the request keeps its own copy private).
+        A node whose device copy is still loading (``load_ticket``) cannot be adopted: when
+        the request has its own copy of such a node, that copy and everything after it stay
+        private to the request (not published).
         """
         P = self.page_tokens
         n = len(device_ids)
@@ -211,8 +212,11 @@ class RadixTree:
                 assert node.is_root or node.on_device, "device residency must stay prefix-closed"
                 child.device_ids = mine.copy()
                 new_nodes.append(child)
-            elif loading and child.node_id in loading:
-                private.extend(range(pos, pos + matched))
+            elif child.load_ticket is not None and not np.array_equal(mine, child.device_ids):
+                # The tree's copy is still loading and ours is separate: keep ours private
+                # from here on (nothing may hang below a copy that could still fail).
+                private.extend(range(pos, n))
+                break
             else:
                 theirs = child.device_ids
                 differ = mine != theirs

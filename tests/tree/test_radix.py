@@ -87,8 +87,12 @@ def test_shadow_node_gets_device_pages_back_on_publish():
 def test_loading_nodes_are_not_adopted():
     t = RadixTree(P)
     node = t.insert(toks(1), ids(10)).last
-    r = t.insert(toks(1, 2), ids(50, 51), loading={node.node_id})
-    assert r.private.tolist() == [0] and r.page_ids.tolist() == [50, 51] and r.duplicates.size == 0
+    node.load_ticket = object()
+    r = t.insert(toks(1, 2), ids(50, 51))
+    assert r.private.tolist() == [0, 1] and r.page_ids.tolist() == [50, 51] and r.duplicates.size == 0
+    assert r.last is t.root and not node.children           # nothing hangs below it
+    r = t.insert(toks(1, 2), ids(10, 51))   # borrowed: fine
+    assert r.private.size == 0 and r.last.parent is node
 
 
 def test_insert_host_only_pages_and_backfill():
