@@ -11,7 +11,9 @@ import importlib
 
 # name -> (module, one-line help). Modules are imported lazily so a missing optional
 # dependency of one benchmark never breaks the others.
-BENCHES: dict[str, tuple[str, str]] = {}
+BENCHES: dict[str, tuple[str, str]] = {
+    "storage": ("hicache.cli.bench_storage", "L3 put/get GB/s against redis-benchmark, memcpy or plain files"),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -58,6 +58,8 @@ def mask_url(url: str) -> str:
 
 def _opt(options: dict, name: str, conv, url: str) -> Any:
     value = options.pop(name)
+    if conv == "bytes":
+        return parse_bytes(value, f"storage_url.{name}")
     try:
         if conv is bool:
             if isinstance(value, bool):
@@ -67,8 +69,6 @@ def _opt(options: dict, name: str, conv, url: str) -> Any:
             if str(value).lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError
-        if conv == "bytes":
-            return parse_bytes(value, name)
         return conv(value)
     except (TypeError, ValueError):
         raise ConfigError(f"storage_url.{name}", value, f"cannot parse for {mask_url(url)}") from None
@@ -132,9 +132,9 @@ def _open_redis(url: str, scheme: str, rest: str, opts: dict) -> StorageBackend:
         if name in conv:
             conv[field] = conv.pop(name)
     kw.update(conv)
-    for name in ("connect_timeout_s", "op_timeout_s"):
+    for name, opt in (("connect_timeout_s", "connect_timeout"), ("op_timeout_s", "timeout")):
         if name in kw and not kw[name] > 0:
-            raise ConfigError(f"storage_url.{name[:-2]}", kw[name], "must be > 0 seconds")
+            raise ConfigError(f"storage_url.{opt}", kw[name], "must be > 0 seconds")
     for name in ("connections", "pipeline"):
         if name in kw and kw[name] < 1:
             raise ConfigError(f"storage_url.{name}", kw[name], "must be >= 1")
