@@ -72,9 +72,12 @@ class RedisServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited: {(self.dir / f'redis-{self.port}.log').read_text()[-500:]}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    pass
-                if self.tls or self.cli("PING") == "PONG":
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                    if self.tls:
+                        return
+                    sock.sendall(b"PING\r\n")
+                    reply = sock.recv(64)
+                if reply.startswith((b"+PONG", b"-NOAUTH")):  # up (with or without a password)
                     return
             except OSError:
                 pass

@@ -52,3 +52,20 @@ def page_hashes(n: int, seed: str = "chain") -> list[bytes]:
 
 def rows(n: int, nbytes: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size=(n, nbytes), dtype=np.uint8)
+
+
+@pytest.fixture
+def redis_server_factory():
+    """Start redis-servers with extra arguments (``port=`` to pick one); all stopped after."""
+    if REDIS_SERVER is None:
+        pytest.skip(SKIP_REASON)
+    servers = []
+
+    def start(*args, port=None):
+        s = RedisServer(*args, port=port)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.close()
