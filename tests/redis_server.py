@@ -8,6 +8,7 @@ is stopped by its PID -- never by name -- so tests running beside other work are
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,10 +23,28 @@ REDIS_CLI = shutil.which("redis-cli")
 SKIP_REASON = "redis-server is not installed (CI installs it: apt-get install -y redis-server)"
 
 
-def free_port() -> int:
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(cluster: bool = False) -> int:
+    """A free loopback port; for a cluster node also its bus port (port + 10000), which
+    Redis requires to be <= 65535."""
+    if not cluster:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 50000)
+        if _bindable(port) and _bindable(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisServer:
@@ -70,6 +89,7 @@ class RedisServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.proc = None
                 raise RuntimeError(f"redis-server exited: {(self.dir / f'redis-{self.port}.log').read_text()[-500:]}")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
@@ -82,6 +102,7 @@ class RedisServer:
             except OSError:
                 pass
             time.sleep(0.02)
+        self.kill()
         raise RuntimeError(f"redis-server on port {self.port} did not start")
 
     @property
@@ -122,9 +143,16 @@ class RedisCluster:
 
     def __init__(self, n: int = 3):
         self.dir = tempfile.mkdtemp(prefix="hicache-cluster-")
-        self.nodes = []
+        self.nodes: list[RedisServer] = []
+        try:
+            self._start(n)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, n: int) -> None:
         for _ in range(n):
-            port = free_port()
+            port = free_port(cluster=True)
             d = os.path.join(self.dir, str(port))
             os.makedirs(d)
             self.nodes.append(RedisServer("--cluster-enabled", "yes", "--cluster-config-file",

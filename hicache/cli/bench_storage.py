@@ -198,7 +198,7 @@ class _PlainFiles(_Limit):
 
 class _RedisBenchmark(_Limit):
     def __init__(self, base: list[str], obj: int, n: int, conns: int, pipeline: int, cleanup_node):
-        self.base, self.obj, self.n = base, obj, max(n, 64)
+        self.base, self.obj, self.n = base, obj, max(2 * n, 256)
         self.configs = [["-c", str(conns), "-P", str(pipeline)], ["-c", "50", "-P", "1"]]
         self.name = f"redis-benchmark (best of -c {conns} -P {pipeline} and -c 50)"
         self._cleanup_node = cleanup_node

@@ -7,7 +7,7 @@ value larger than the whole budget is refused.
 
 Values are copied in on put (one copy: the store must not alias pool rows that will be
 reused) and copied out on get. The lock guards only the index; copies run outside it,
-which is safe because a stored bytearray is never modified, only replaced.
+which is safe because stored bytes are never modified, only replaced.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class _MemoryData:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.lock = threading.Lock()
-        self.items: "OrderedDict[str, bytearray]" = OrderedDict()
+        self.items: "OrderedDict[str, bytes]" = OrderedDict()
         self.used = 0
         self.evictions = 0
         self.refused = 0
@@ -111,11 +111,7 @@ class MemoryBackend:
                     d.refused += 1
                 out.append(False)
                 continue
-            blob = bytearray(total)
-            mv, off = memoryview(blob), 0
-            for v in views:
-                mv[off:off + v.nbytes] = v
-                off += v.nbytes
+            blob = b"".join(views)  # one copy, no zero-fill; bytes never change once stored
             with d.lock:
                 old = d.items.pop(key, None)
                 if old is not None:

@@ -64,7 +64,7 @@ class RedisOptions:
     ssl_cert_reqs: str = "required"      # "required" | "none"
     ssl_check_hostname: bool = False
     connect_timeout_s: float = 0.5
-    op_timeout_s: float = 2.0
+    op_timeout_s: float = 1.0
     connections: int = 2                 # connections one large batch is spread over
     pipeline: int = 8                    # values in flight per connection
     socket_buffer_bytes: int = 4 << 20   # SO_SNDBUF / SO_RCVBUF (0 = kernel default)
