@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     dst = np.zeros_like(src)
     hashes = [hashlib.sha256(f"{salt}:{i}".encode()).digest() for i in range(n)]
     limit = _limit_runner(scheme, args.url, backend, obj, n, src, dst)
-    redis_py = _redis_py_runner(args.url, store, hashes, dst) if scheme.startswith("redis") or scheme == "unix" else None
+    is_redis = scheme.startswith("redis") or scheme == "unix"
+    redis_py = _redis_py_runner(args.url, store, hashes, dst) if is_redis else None
     rows: dict[str, list[float]] = {k: [] for k in ("put", "get", "limit_put", "limit_get", "redis_py_get")}
     verified = True
     try:
@@ -131,7 +132,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0 if verified else 1
-    fmt = (lambda v: None if v is None else round(v, 3))
+
+    def fmt(v: Optional[float]) -> Optional[float]:
+        return None if v is None else round(v, 3)
+
     table = [["ours (L3Store)", fmt(out["put_gbps"]), fmt(out["get_gbps"])],
              [f"limit: {out['limit_source']}", fmt(out["limit_put_gbps"]), fmt(out["limit_get_gbps"])]]
     if redis_py is not None:

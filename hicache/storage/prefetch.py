@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -244,6 +245,7 @@ class Prefetcher:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hicache-l3-prefetch")
         self._lock = threading.Lock()
         self._held = 0
+        self._ops: "weakref.WeakSet[PrefetchOp]" = weakref.WeakSet()
         self.counts = {"started": 0, "planned": 0, "skipped": 0, "cut_by_budget": 0,
                        "pages_fetched": 0, "pages_used": 0}
 
@@ -266,6 +268,7 @@ class Prefetcher:
             raise MisuseError("need_state=True but this prefetcher has no state object size")
         with self._lock:
             self.counts["started"] += 1
+            self._ops.add(op)
         self._submit(self._lookup, op)
         return op
 
@@ -342,7 +345,18 @@ class Prefetcher:
             self.counts["pages_used"] += used
 
     def close(self) -> None:
+        """Stop the workers: queued lookups and fetches are cancelled, running ones finish;
+        every op still unsettled afterwards is settled as cancelled (its rows may be freed)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        with self._lock:
+            ops = list(self._ops)
+        for op in ops:
+            with op._cv:
+                op._cancel = True
+                op._taken = True
+                if not op._settled:
+                    op._settle_locked(PrefetchStatus.CANCELLED)
+            self._maybe_release(op)
 
 
 class _Skip(Exception):

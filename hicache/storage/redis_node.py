@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, Sequence
 
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
 from hicache.storage.buffers import Value, value_views
 from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageProtocolError
 from hicache.storage.objects import check_key
-from hicache.storage.resp import (ASKING, UNAVAILABLE_CODES, ConnectionPool, Endpoint, RedisOptions,
+from hicache.storage.resp import (ASKING, UNAVAILABLE_CODES, Endpoint, RedisOptions, RespConnection,
                                   RespError, encode_command)
 
 _FANOUT_MIN_BYTES = 4 << 20
@@ -30,6 +31,63 @@ _EXISTS_BATCH = 64
 def raise_if_unavailable(reply, endpoint) -> None:
     if isinstance(reply, RespError) and reply.code in UNAVAILABLE_CODES:
         raise StorageConnectionError(f"{endpoint}: {reply.message}")
+
+
+class ConnectionPool:
+    """Idle connections to one endpoint, checked out one per thread and operation.
+
+    A connection that saw a transport fault is closed, and so is every idle one: after a
+    server restart they are all dead, and finding that out one failed call at a time would
+    cost a timeout each.
+    """
+
+    def __init__(self, endpoint: Endpoint, opts: RedisOptions, max_idle: int = 8):
+        self.endpoint = endpoint
+        self.opts = opts
+        self._ssl = opts.ssl_context()
+        self._lock = threading.Lock()
+        self._idle: list[RespConnection] = []
+        self._max_idle = max_idle
+        self.opened = 0
+
+    def acquire(self) -> RespConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        conn = RespConnection(self.endpoint, self.opts, self._ssl)
+        with self._lock:
+            self.opened += 1
+        return conn
+
+    def release(self, conn: RespConnection) -> None:
+        if conn.broken:
+            conn.close()
+            return
+        with self._lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def reset(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[RespConnection]:
+        conn = self.acquire()
+        try:
+            yield conn
+        except BaseException:
+            conn.close()
+            self.reset()
+            raise
+        self.release(conn)
+
+    def close(self) -> None:
+        self.reset()
 
 
 class RedisNode:

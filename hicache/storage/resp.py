@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import socket
 import ssl
-import threading
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 from hicache.storage.faults import StorageConnectionError, StorageProtocolError, StorageTimeout
+from hicache.storage.redis_opts import Endpoint, RedisOptions
+
+__all__ = ["Endpoint", "RedisOptions", "RespConnection", "RespError", "encode_command", "ASKING",
+           "UNAVAILABLE_CODES"]
 
 _CRLF = b"\r\n"
 _IOV_MAX = 512
@@ -36,51 +37,6 @@ _COALESCE_MAX = 4 << 10  # glue command pieces smaller than this into one send
 # Replies that mean "this server cannot serve now" rather than "this key was refused".
 UNAVAILABLE_CODES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "NOAUTH", "NOPERM",
                      "WRONGPASS", "READONLY", "NOREPLICAS")
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where a Redis server listens: ``host``/``port`` (TCP) or ``path`` (unix socket)."""
-
-    host: Optional[str] = None
-    port: Optional[int] = None
-    path: Optional[str] = None
-
-    def __str__(self) -> str:
-        return f"unix:{self.path}" if self.path else f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class RedisOptions:
-    """Connection options shared by every connection to one server (or cluster)."""
-
-    username: Optional[str] = None
-    password: Optional[str] = None
-    db: int = 0
-    tls: bool = False
-    ssl_ca_certs: Optional[str] = None
-    ssl_certfile: Optional[str] = None
-    ssl_keyfile: Optional[str] = None
-    ssl_cert_reqs: str = "required"      # "required" | "none"
-    ssl_check_hostname: bool = False
-    connect_timeout_s: float = 0.5
-    op_timeout_s: float = 1.0
-    connections: int = 2                 # connections one large batch is spread over
-    pipeline: int = 8                    # values in flight per connection
-    socket_buffer_bytes: int = 4 << 20   # SO_SNDBUF / SO_RCVBUF (0 = kernel default)
-
-    def ssl_context(self) -> Optional[ssl.SSLContext]:
-        if not self.tls:
-            return None
-        ctx = ssl.create_default_context(cafile=self.ssl_ca_certs)
-        if self.ssl_cert_reqs == "none":
-            ctx.check_hostname = False
-            ctx.verify_mode = ssl.CERT_NONE
-        else:
-            ctx.check_hostname = self.ssl_check_hostname
-        if self.ssl_certfile:
-            ctx.load_cert_chain(self.ssl_certfile, self.ssl_keyfile)
-        return ctx
 
 
 class RespError:
@@ -410,60 +366,3 @@ class RespConnection:
                     continue
             out.append(self.read_reply())
         return out
-
-
-class ConnectionPool:
-    """Idle connections to one endpoint, checked out one per thread and operation.
-
-    A connection that saw a transport fault is closed, and so is every idle one: after a
-    server restart they are all dead, and finding that out one failed call at a time would
-    cost a timeout each.
-    """
-
-    def __init__(self, endpoint: Endpoint, opts: RedisOptions, max_idle: int = 8):
-        self.endpoint = endpoint
-        self.opts = opts
-        self._ssl = opts.ssl_context()
-        self._lock = threading.Lock()
-        self._idle: list[RespConnection] = []
-        self._max_idle = max_idle
-        self.opened = 0
-
-    def acquire(self) -> RespConnection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        conn = RespConnection(self.endpoint, self.opts, self._ssl)
-        with self._lock:
-            self.opened += 1
-        return conn
-
-    def release(self, conn: RespConnection) -> None:
-        if conn.broken:
-            conn.close()
-            return
-        with self._lock:
-            if len(self._idle) < self._max_idle:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def reset(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for c in idle:
-            c.close()
-
-    @contextmanager
-    def connection(self) -> Iterator[RespConnection]:
-        conn = self.acquire()
-        try:
-            yield conn
-        except BaseException:
-            conn.close()
-            self.reset()
-            raise
-        self.release(conn)
-
-    def close(self) -> None:
-        self.reset()

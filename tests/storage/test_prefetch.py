@@ -211,3 +211,23 @@ def test_for_layout_sizes(configs_dir):
     pf = Prefetcher.for_layout(L3Store(open_backend("memory://"), layout.fingerprint), layout)
     assert (pf.page_bytes, pf.state_bytes) == (layout.object_bytes("page"), layout.object_bytes("state"))
     pf.close()
+
+
+def test_close_settles_queued_ops():
+    g, store, pf, hs, *_ = setup()
+    g.gate.clear()
+    a = planned(pf.start(hs))
+    a.fetch(list(np.zeros((6, PB), dtype=np.uint8)))   # worker 1 blocks inside the read
+    assert g.entered.acquire(timeout=10)
+    b = planned(pf.start(hs))
+    b.fetch(list(np.zeros((6, PB), dtype=np.uint8)))   # worker 2 blocks too
+    assert g.entered.acquire(timeout=10)
+    c = pf.start(hs)                                   # queued behind them
+    a.cancel()
+    b.cancel()
+    g.gate.allow(2)                                    # the two blocked reads finish, then stop
+    pf.close()
+    assert a.settled and b.settled and c.settled
+    assert (a.progress(), b.progress()) == (2, 2)
+    assert c.status is PrefetchStatus.CANCELLED        # never looked up, or planned and never fetched
+    assert pf.held_bytes == 0

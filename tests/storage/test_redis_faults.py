@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hicache.storage import L3Config, L3Store, open_backend
-from tests.redis_server import RedisServer, free_port
+from tests.redis_server import free_port
 
 from .conftest import page_hashes, rows
 

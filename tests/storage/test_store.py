@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hicache.config import load_config
 from hicache.errors import MisuseError
-from hicache.pools import PoolConfig, TierPools
+from hicache.pools import TierPools
 from hicache.storage import L3Config, L3Store, open_backend
 from hicache.storage.faults import StorageConnectionError, StorageTimeout
 from hicache.storage.objects import HEADER_BYTES
@@ -116,14 +116,21 @@ def test_bad_values_end_the_prefix_and_are_counted(damage, reason):
     assert s.lookup(hs) == 4  # existence alone is not a hit: get() is what verifies
 
 
-def test_namespace_isolation_between_layouts_and_salts():
+def test_namespace_isolation_between_layouts_and_salts(configs_dir):
+    from hicache.layout import CacheLayout
+
+    hybrid = CacheLayout.from_yaml(configs_dir / "tiny-hybrid.yaml")
+    mha = CacheLayout.from_yaml(configs_dir / "tiny-mha.yaml")
     backend = open_backend("memory://")
-    a = L3Store(backend, FP, "model-a")
-    b = L3Store(backend, "fedcba9876543210", "model-a")
-    c = L3Store(backend, FP, "model-c")
+    a = L3Store(backend, hybrid.fingerprint, "model-a")
+    b = L3Store(backend, mha.fingerprint, "model-a")
+    c = L3Store(backend, hybrid.fingerprint, "model-c")
     hs = page_hashes(3)
     a.put(hs, "page", list(rows(3, PAGE)))
     assert (a.lookup(hs), b.lookup(hs), c.lookup(hs)) == (3, 0, 0)
+    # even a value copied under the other layout's key is refused by its header
+    b.backend.put([b.key(hs[0])], [bytes(raw(a, hs[0]))])
+    assert b.lookup(hs) == 1 and b.get(hs[:1], "page", [bytearray(PAGE)]).stopped == "foreign"
     assert len({a.namespace, b.namespace, c.namespace}) == 3
     # the same hash under another namespace is another key
     assert a.key(hs[0]) != b.key(hs[0])
