@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from hicache.storage import L3Config, L3Store, open_backend
@@ -44,11 +42,10 @@ def test_backpressure_drops_and_never_blocks():
     g.gate.clear()                                   # the store hangs on every put
     first = s.put_async(hs[:3], "page", list(src[:3]))
     assert g.entered.acquire(timeout=10)             # the worker is stuck inside put
-    t0 = time.perf_counter()
+    # The gate opens only after these calls return: a submit that waited for the worker
+    # would hang here until the worker's gate assertion gave up.
     second = s.put_async(hs[3:4], "page", [src[3]])  # 3 + 1 = 4 objects: fits
     third = s.put_async(hs[4:6], "page", list(src[4:6]))  # 6 > 4: dropped
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 1.0, "submit must return at once even while the worker is blocked"
     assert third.dropped and third.done and third.stored == [False, False] and not third.ok
     assert not first.done and not second.done
     st = s.stats(backend=False)
