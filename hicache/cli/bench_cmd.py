@@ -13,6 +13,7 @@ import importlib
 # dependency of one benchmark never breaks the others.
 BENCHES: dict[str, tuple[str, str]] = {
     "tree": ("hicache.cli.bench_tree", "match / load / publish cost of the radix tree for long prompts"),
+    "storage": ("hicache.cli.bench_storage", "L3 put/get GB/s against redis-benchmark, memcpy or plain files"),
 }
 
 

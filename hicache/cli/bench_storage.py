@@ -1,0 +1,305 @@
+"""``hicache bench storage --url URL [--object-mib M] [--json]``: L3 put/get GB/s vs a limit.
+
+What is measured (each round, interleaved, medians reported, so noise hits all alike):
+
+* ours: ``L3Store.put`` / ``L3Store.get`` of ``--objects`` objects of ``--object-mib`` MiB
+  each, the full path the cache uses (header, xxh3 checksum, verification, reading
+  straight into a preallocated array standing in for host pool rows);
+* the limit, same value size, same run:
+  - Redis URLs: ``redis-benchmark -t set,get -d BYTES``, run with our connection count and
+    pipeline depth (``-c C -P P``) and with its default 50 clients; the faster of the two
+    is the limit (requests/s x bytes = GB/s);
+  - ``memory://``: a numpy memcpy of the same bytes;
+  - ``file://``: plain ``write``/``readinto`` of same-size files in the same directory;
+* Redis URLs also: plain redis-py pipelines (``GET`` then copying each value into the array),
+  the baseline that the fast path replaces.
+
+GB/s are 10^9 bytes of payload per second. ``verified`` is true when the last round read
+back every object with identical bytes and nothing was rejected. The benchmark writes its
+own keys (a random salt) and deletes them at the end, and removes the single key
+``key:__rand_int__`` that redis-benchmark writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+from hicache.cli.table import render_table
+from hicache.errors import ConfigError
+from hicache.storage import L3Config, L3Store, open_backend
+from hicache.storage.url import mask_url
+
+GB = 1e9
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", required=True, help="storage URL: memory://, file:///dir, redis://host:port/db, "
+                   "rediss://, unix:///path.sock, redis+cluster://h1:p1,h2:p2")
+    p.add_argument("--object-mib", type=float, default=1.0, metavar="M", help="object size in MiB (default 1)")
+    p.add_argument("--objects", type=int, default=128, metavar="N",
+                   help="objects moved per measurement (default 128)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported (default 3)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench storage] {msg}", file=sys.stderr, flush=True)
+
+
+def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+    t = time.perf_counter()
+    r = fn()
+    return time.perf_counter() - t, r
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.object_mib > 0:
+        raise ConfigError("--object-mib", args.object_mib, "must be > 0")
+    if args.objects < 1:
+        raise ConfigError("--objects", args.objects, "must be >= 1")
+    if args.rounds < 1:
+        raise ConfigError("--rounds", args.rounds, "must be >= 1")
+    obj = int(args.object_mib * (1 << 20))
+    n = args.objects
+    backend = open_backend(args.url)
+    scheme = args.url.partition("://")[0].lower()
+    salt = os.urandom(8).hex()
+    store = L3Store(backend, "bench0storage000", salt, L3Config(read_batch=max(16, n // 4)))
+    rng = np.random.default_rng(0)
+    _progress(f"{n} objects x {obj:,} B on {mask_url(args.url)}")
+    src = rng.integers(0, 256, size=(n, obj), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    hashes = [hashlib.sha256(f"{salt}:{i}".encode()).digest() for i in range(n)]
+    limit = _limit_runner(scheme, args.url, backend, obj, n, src, dst)
+    is_redis = scheme.startswith("redis") or scheme == "unix"
+    redis_py = _redis_py_runner(args.url, store, hashes, dst) if is_redis else None
+    rows: dict[str, list[float]] = {k: [] for k in ("put", "get", "limit_put", "limit_get", "redis_py_get")}
+    verified = True
+    try:
+        # warm up: first writes fault in server / page-cache memory
+        store.put(hashes[: min(n, 8)], "page", list(src[: min(n, 8)]))
+        for r in range(args.rounds):
+            _progress(f"round {r + 1}/{args.rounds}: ours")
+            t, stored = _timed(lambda: store.put(hashes, "page", list(src)))
+            if not all(stored):
+                raise ConfigError("--url", mask_url(args.url), f"the store refused {stored.count(False)} of "
+                                  f"{n} objects (full? maxmemory?); stats: {store.stats(backend=False).faults}")
+            rows["put"].append(n * obj / t / GB)
+            dst[:] = 0
+            t, res = _timed(lambda: store.get(hashes, "page", list(dst)))
+            rows["get"].append(n * obj / t / GB)
+            ok = res.hits == n and bool(np.array_equal(dst, src))
+            verified = ok if r == args.rounds - 1 else verified
+            if limit is not None:
+                _progress(f"round {r + 1}/{args.rounds}: limit ({limit.name})")
+                p, g = limit.measure()
+                rows["limit_put"].append(p)
+                rows["limit_get"].append(g)
+            if redis_py is not None:
+                _progress(f"round {r + 1}/{args.rounds}: redis-py")
+                rows["redis_py_get"].append(redis_py())
+        st = store.stats(backend=False)
+        verified = verified and not st.rejected and not st.faults
+    finally:
+        store.delete(hashes, "page")
+        if limit is not None:
+            limit.cleanup()
+        store.close()
+    med = {k: (statistics.median(v) if v else None) for k, v in rows.items()}
+    out = {
+        "url": mask_url(args.url), "object_bytes": obj, "objects": n, "rounds": args.rounds,
+        "put_gbps": med["put"], "get_gbps": med["get"],
+        "limit_put_gbps": med["limit_put"], "limit_get_gbps": med["limit_get"],
+        "redis_py_get_gbps": med["redis_py_get"],
+        "put_ratio": med["put"] / med["limit_put"] if med["limit_put"] else None,
+        "get_ratio": med["get"] / med["limit_get"] if med["limit_get"] else None,
+        "verified": verified,
+        "limit_source": limit.name if limit else None,
+        "samples": rows,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0 if verified else 1
+
+    def fmt(v: Optional[float]) -> Optional[float]:
+        return None if v is None else round(v, 3)
+
+    table = [["ours (L3Store)", fmt(out["put_gbps"]), fmt(out["get_gbps"])],
+             [f"limit: {out['limit_source']}", fmt(out["limit_put_gbps"]), fmt(out["limit_get_gbps"])]]
+    if redis_py is not None:
+        table.append(["redis-py pipelines", None, fmt(out["redis_py_get_gbps"])])
+    table.append(["ratio ours / limit", fmt(out["put_ratio"]), fmt(out["get_ratio"])])
+    print(render_table(["path", "put GB/s", "get GB/s"], table, align="lrr",
+                       title=f"{out['url']}: {n} x {obj:,} B objects, median of {args.rounds} rounds"))
+    print(f"\nverified: {'yes' if verified else 'NO'} (bytes read back identical, nothing rejected)")
+    return 0 if verified else 1
+
+
+# -- limits -----------------------------------------------------------------------------
+class _Limit:
+    name = ""
+
+    def measure(self) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        pass
+
+
+class _Memcpy(_Limit):
+    name = "numpy memcpy"
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray):
+        self.src, self.dst = src, dst
+        self.tmp = np.empty_like(src)
+
+    def measure(self) -> tuple[float, float]:
+        nbytes = self.src.nbytes
+        t, _ = _timed(lambda: [np.copyto(self.tmp[i], self.src[i]) for i in range(len(self.src))])
+        t2, _ = _timed(lambda: [np.copyto(self.dst[i], self.tmp[i]) for i in range(len(self.src))])
+        return nbytes / t / GB, nbytes / t2 / GB
+
+
+class _PlainFiles(_Limit):
+    name = "plain file write/read"
+
+    def __init__(self, root: str, src: np.ndarray, dst: np.ndarray):
+        self.dir = tempfile.mkdtemp(prefix=".bench-plain-", dir=root)
+        self.src, self.dst = src, dst
+
+    def measure(self) -> tuple[float, float]:
+        paths = [os.path.join(self.dir, str(i)) for i in range(len(self.src))]
+
+        def write() -> None:
+            for p, row in zip(paths, self.src):
+                with open(p, "wb", buffering=0) as f:
+                    f.write(memoryview(row))
+
+        def read() -> None:
+            for p, row in zip(paths, self.dst):
+                with open(p, "rb", buffering=0) as f:
+                    f.readinto(memoryview(row))
+
+        t, _ = _timed(write)
+        t2, _ = _timed(read)
+        return self.src.nbytes / t / GB, self.src.nbytes / t2 / GB
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _RedisBenchmark(_Limit):
+    def __init__(self, base: list[str], obj: int, n: int, conns: int, pipeline: int, cleanup_node):
+        self.base, self.obj, self.n = base, obj, max(2 * n, 256)
+        self.configs = [["-c", str(conns), "-P", str(pipeline)], ["-c", "50", "-P", "1"]]
+        self.name = f"redis-benchmark (best of -c {conns} -P {pipeline} and -c 50)"
+        self._cleanup_node = cleanup_node
+
+    def _run(self, extra: list[str]) -> tuple[float, float]:
+        cmd = self.base + ["-t", "set,get", "-d", str(self.obj), "-n", str(self.n), "--csv", "-q"] + extra
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        rps = {}
+        for line in out.stdout.splitlines():
+            parts = [p.strip('"') for p in line.split(",")]
+            if len(parts) >= 2 and parts[0] in ("SET", "GET"):
+                rps[parts[0]] = float(parts[1])
+        if set(rps) != {"SET", "GET"}:
+            raise ConfigError("--url", " ".join(cmd[:3]), "redis-benchmark failed: "
+                              + (out.stderr.strip() or out.stdout.strip())[:200])
+        return rps["SET"] * self.obj / GB, rps["GET"] * self.obj / GB
+
+    def measure(self) -> tuple[float, float]:
+        results = [self._run(c) for c in self.configs]
+        return max(r[0] for r in results), max(r[1] for r in results)
+
+    def cleanup(self) -> None:
+        try:
+            self._cleanup_node()
+        except Exception:
+            pass
+
+
+def _limit_runner(scheme: str, url: str, backend, obj: int, n: int, src, dst) -> Optional[_Limit]:
+    if scheme == "memory":
+        return _Memcpy(src, dst)
+    if scheme == "file":
+        return _PlainFiles(str(backend.root), src, dst)
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        _progress("redis-benchmark not found: no limit measured (apt-get install redis-tools)")
+        return None
+    if scheme.endswith("+cluster"):
+        ep, opts = backend.seeds[0], backend.opts
+        base = [exe, "--cluster", "-h", ep.host, "-p", str(ep.port)]
+
+        def clean() -> None:
+            backend.delete(["key:__rand_int__"])
+    else:
+        node = backend.node
+        ep, opts = node.endpoint, node.opts
+        base = [exe, "-s", ep.path] if ep.path else [exe, "-h", ep.host, "-p", str(ep.port)]
+        if opts.db:
+            base += ["--dbnum", str(opts.db)]
+
+        def clean() -> None:
+            node.del_raw(["key:__rand_int__"])
+    if opts.password is not None:
+        base += ["-a", opts.password, "--no-auth-warning"]
+        if opts.username:
+            base += ["--user", opts.username]
+    if opts.tls:
+        base += ["--tls"]
+        if opts.ssl_ca_certs:
+            base += ["--cacert", opts.ssl_ca_certs]
+        if opts.ssl_certfile:
+            base += ["--cert", opts.ssl_certfile, "--key", opts.ssl_keyfile or opts.ssl_certfile]
+        if opts.ssl_cert_reqs == "none":
+            base += ["--insecure"]
+    return _RedisBenchmark(base, obj, n, opts.connections, opts.pipeline, clean)
+
+
+def _redis_py_runner(url: str, store: L3Store, hashes: list, dst: np.ndarray):
+    """GB/s of plain redis-py pipelines reading our objects and copying them into ``dst``."""
+    try:
+        import redis  # redis-py: only the baseline uses it
+    except ImportError:
+        _progress("redis-py not installed: no redis-py baseline")
+        return None
+    backend = store.backend
+    keys = [store.key(h, "page") for h in hashes]
+    if backend.kind == "redis-cluster":
+        ep, o = backend.seeds[0], backend.opts
+        client = redis.cluster.RedisCluster(host=ep.host, port=ep.port, username=o.username,
+                                            password=o.password, ssl=o.tls)
+    else:
+        ep, o = backend.node.endpoint, backend.node.opts
+        common = dict(db=o.db, username=o.username, password=o.password)
+        client = (redis.Redis(unix_socket_path=ep.path, **common) if ep.path else
+                  redis.Redis(host=ep.host, port=ep.port, ssl=o.tls, ssl_ca_certs=o.ssl_ca_certs,
+                              ssl_cert_reqs=o.ssl_cert_reqs, **common))
+    hdr = 64
+    batch = 16
+
+    def measure() -> float:
+        t = time.perf_counter()
+        for s in range(0, len(keys), batch):
+            pipe = client.pipeline(transaction=False)
+            for k in keys[s:s + batch]:
+                pipe.get(k)
+            for i, v in enumerate(pipe.execute()):
+                dst[s + i] = np.frombuffer(v, dtype=np.uint8, offset=hdr)
+        return dst.nbytes / (time.perf_counter() - t) / GB
+
+    return measure

@@ -1,0 +1,234 @@
+"""L3 objects: keys, the 64-byte header, checksums, and the check a value must pass.
+
+One object per history page (every history family, every layer: the page_first host row)
+and one per retained state snapshot. A value is ``header || payload``; the header is
+written and read as its own buffer so the payload moves straight between pool memory and
+the socket or file::
+
+    offset  size  field
+    0       4     magic            b"HCL3"
+    4       2     format version   1
+    6       1     kind             1 = page, 2 = state
+    7       1     checksum algo    1 = xxh3_64, 2 = crc32 (zlib)
+    8       4     header bytes     64
+    12      4     reserved         0
+    16      16    fingerprint      the layout fingerprint (ASCII hex, zero padded)
+    32      8     namespace digest sha256(namespace)[:8]: layout + salt
+    40      8     key digest       the first 8 bytes of the page hash the key names
+    48      8     payload length
+    56      4     payload checksum (low 32 bits of xxh3_64, or crc32)
+    60      4     header crc32     over bytes [0, 60)
+
+Keys are ``{namespace}:{p|s}:{hash hex}`` with ``namespace = hc1.{fingerprint}.{salt8}``
+(``salt8`` = first 8 hex digits of sha256 of the salt), so two layouts, or two salts, never
+share a key; the header repeats all of it so a value copied under the wrong key, written by
+another layout, truncated or bit-flipped is rejected: counted, and never exposed as a hit.
+
+No pickle: the header is a fixed ``struct`` and the payload raw bytes.
+
+Checksum: xxh3_64 runs at ~45 GiB/s here against ~3.7 GiB/s for zlib.crc32, so it costs
+about 2% of a 1 MiB Redis transfer instead of ~35%. It comes from the ``xxhash`` package;
+without it objects are written with crc32, and a reader without ``xxhash`` that meets an
+xxh3 object counts it as ``unverifiable`` (a miss), never as a hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Optional, Union
+
+try:  # the fast checksum; optional so the package still works (with crc32) without it
+    import xxhash as _xxhash
+except ImportError:  # pragma: no cover - exercised only where xxhash is absent
+    _xxhash = None
+
+from hicache.errors import MisuseError
+
+MAGIC = b"HCL3"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<4sHBBII16s8s8sQII")
+HEADER_BYTES = HEADER.size
+assert HEADER_BYTES == 64, HEADER_BYTES
+KEY_PREFIX = "hc1"
+_KEY_RE = re.compile(r"^[A-Za-z0-9._:+-]{1,512}$")
+
+PageHash = Union[bytes, bytearray, memoryview, str]
+
+
+class ObjectKind(str, Enum):
+    """What an L3 object holds: one history page, or one boundary's state snapshot."""
+
+    PAGE = "page"
+    STATE = "state"
+
+    @property
+    def code(self) -> int:
+        return 1 if self is ObjectKind.PAGE else 2
+
+    @property
+    def tag(self) -> str:
+        return "p" if self is ObjectKind.PAGE else "s"
+
+
+def as_kind(kind: "ObjectKind | str") -> ObjectKind:
+    try:
+        return ObjectKind(kind)
+    except ValueError:
+        raise MisuseError(f"object kind must be 'page' or 'state', got {kind!r}") from None
+
+
+class Reject(str, Enum):
+    """Why a stored value was not accepted (each is counted and treated as a miss)."""
+
+    TRUNCATED = "truncated"        # shorter than its header says
+    CORRUPT = "corrupt"            # header or payload checksum mismatch
+    FOREIGN = "foreign"            # not ours: magic, namespace, fingerprint, kind or key differ
+    VERSION = "version"            # our magic, another format version
+    WRONG_SIZE = "wrong_size"      # a payload of another size than the destination row
+    UNVERIFIABLE = "unverifiable"  # checksum algorithm not available in this process
+
+
+# -- checksums --------------------------------------------------------------------------
+ALGO_XXH3 = 1
+ALGO_CRC32 = 2
+
+
+def _crc32(views) -> int:
+    c = 0
+    for v in views:
+        c = zlib.crc32(v, c)
+    return c & 0xFFFFFFFF
+
+
+def _xxh3(views) -> int:
+    if len(views) == 1:
+        return _xxhash.xxh3_64_intdigest(views[0]) & 0xFFFFFFFF
+    h = _xxhash.xxh3_64()
+    for v in views:
+        h.update(v)
+    return h.intdigest() & 0xFFFFFFFF
+
+
+CHECKSUMS: dict[int, Optional[Callable]] = {ALGO_XXH3: _xxh3 if _xxhash else None, ALGO_CRC32: _crc32}
+DEFAULT_ALGO = ALGO_XXH3 if _xxhash else ALGO_CRC32
+ALGO_NAMES = {ALGO_XXH3: "xxh3_64", ALGO_CRC32: "crc32"}
+
+
+def checksum(views, algo: int = DEFAULT_ALGO) -> int:
+    fn = CHECKSUMS.get(algo)
+    if fn is None:
+        raise MisuseError(f"checksum algorithm {algo} is not available here")
+    return fn(views)
+
+
+# -- keys -------------------------------------------------------------------------------
+def hash_bytes(h: PageHash) -> bytes:
+    """A page hash as bytes: the tree hands 32-byte SHA-256 digests; hex strings work too."""
+    if isinstance(h, str):
+        try:
+            b = bytes.fromhex(h)
+        except ValueError:
+            raise MisuseError(f"page hash {h!r} is not hex") from None
+    elif isinstance(h, (bytes, bytearray, memoryview)):
+        b = bytes(h)
+    else:
+        raise MisuseError(f"page hash must be bytes or a hex str, got {type(h).__name__}")
+    if not b:
+        raise MisuseError("page hash is empty")
+    return b
+
+
+def make_namespace(fingerprint: str, salt: str = "") -> str:
+    """``hc1.{fingerprint}.{salt8}``: the same in every process (no ``hash()``)."""
+    if not isinstance(fingerprint, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", fingerprint):
+        raise MisuseError(f"layout fingerprint must be 1-64 chars of [A-Za-z0-9_-], got {fingerprint!r}")
+    if not isinstance(salt, str):
+        raise MisuseError(f"salt must be a str, got {type(salt).__name__}")
+    salt8 = hashlib.sha256(salt.encode()).hexdigest()[:8]
+    return f"{KEY_PREFIX}.{fingerprint}.{salt8}"
+
+
+def check_key(key: str) -> str:
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise MisuseError(f"bad storage key {key!r}: 1-512 chars of [A-Za-z0-9._:+-]")
+    return key
+
+
+# -- header -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ObjectHeader:
+    version: int
+    kind: int
+    algo: int
+    fingerprint: bytes
+    namespace_digest: bytes
+    key_digest: bytes
+    payload_len: int
+    payload_checksum: int
+
+
+class ObjectCodec:
+    """Builds and checks headers for one namespace (one layout fingerprint + salt)."""
+
+    def __init__(self, fingerprint: str, salt: str = "", *, algo: int = DEFAULT_ALGO):
+        self.namespace = make_namespace(fingerprint, salt)
+        self.fingerprint = fingerprint
+        self._fp16 = (fingerprint.encode()[:16]).ljust(16, b"\0") if len(fingerprint) <= 16 \
+            else hashlib.sha256(fingerprint.encode()).digest()[:16]
+        self._ns8 = hashlib.sha256(self.namespace.encode()).digest()[:8]
+        if CHECKSUMS.get(algo) is None:
+            raise MisuseError(f"checksum algorithm {ALGO_NAMES.get(algo, algo)} is not available")
+        self.algo = algo
+
+    def key(self, h: PageHash, kind: "ObjectKind | str") -> str:
+        return f"{self.namespace}:{as_kind(kind).tag}:{hash_bytes(h).hex()}"
+
+    def header(self, h: PageHash, kind: "ObjectKind | str", payload: list[memoryview]) -> bytes:
+        """The 64-byte header of ``payload`` (a gather list) stored under hash ``h``."""
+        n = sum(v.nbytes for v in payload)
+        body = HEADER.pack(MAGIC, FORMAT_VERSION, as_kind(kind).code, self.algo, HEADER_BYTES, 0,
+                           self._fp16, self._ns8, hash_bytes(h)[:8].ljust(8, b"\0"), n,
+                           checksum(payload, self.algo), 0)
+        return body[:60] + struct.pack("<I", zlib.crc32(body[:60]))
+
+    def check_header(self, raw: memoryview, h: PageHash, kind: "ObjectKind | str",
+                     value_len: int, payload_len: int) -> "tuple[Reject | None, int]":
+        """Check a header before the payload is trusted.
+
+        Returns ``(None, checksum)`` when the header is ours, for this key, and announces a
+        payload of ``payload_len`` bytes that the value actually carries; otherwise the
+        reason to reject it.
+        """
+        if value_len < HEADER_BYTES:
+            return (Reject.TRUNCATED if value_len >= 4 and bytes(raw[:4]) == MAGIC else Reject.FOREIGN), 0
+        (magic, version, kind_code, algo, hdr_bytes, _r, fp, ns, kd, plen, csum,
+         hcrc) = HEADER.unpack_from(raw)
+        if magic != MAGIC:
+            return Reject.FOREIGN, 0
+        if hcrc != zlib.crc32(raw[:60]):
+            return Reject.CORRUPT, 0
+        if version != FORMAT_VERSION or hdr_bytes != HEADER_BYTES:
+            return Reject.VERSION, 0
+        if (fp != self._fp16 or ns != self._ns8 or kind_code != as_kind(kind).code
+                or kd != hash_bytes(h)[:8].ljust(8, b"\0")):
+            return Reject.FOREIGN, 0
+        if plen != payload_len:
+            return Reject.WRONG_SIZE, 0
+        if value_len < HEADER_BYTES + plen:
+            return Reject.TRUNCATED, 0
+        if value_len > HEADER_BYTES + plen:
+            return Reject.CORRUPT, 0
+        if CHECKSUMS.get(algo) is None:
+            return Reject.UNVERIFIABLE, 0
+        return None, (algo << 32) | csum
+
+    @staticmethod
+    def check_payload(payload: list[memoryview], token: int) -> "Reject | None":
+        """Verify the payload against the checksum :meth:`check_header` accepted."""
+        algo, csum = token >> 32, token & 0xFFFFFFFF
+        return None if checksum(payload, algo) == csum else Reject.CORRUPT

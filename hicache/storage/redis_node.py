@@ -1,0 +1,305 @@
+"""``redis://``, ``rediss://`` and ``unix://``: one Redis server through the fast RESP path.
+
+A batch is split into up to ``connections`` contiguous slices of about equal bytes, each
+pipelined on its own connection from its own thread (the socket calls release the GIL), so
+a big prefetch overlaps the server's send with our receive. Small batches stay on the
+calling thread. Per-key refusals are values: ``-OOM`` (``maxmemory`` reached with a
+no-eviction policy) makes that ``put`` False and is counted as ``full``; a ``-WRONGTYPE``
+key (someone else's data under our name) reads as a zero-length value, which the object
+check rejects as foreign. Replies meaning the server cannot serve now (``-LOADING``,
+``-NOAUTH``, ...) raise :class:`StorageConnectionError` like a dead socket.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, Sequence
+
+from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
+from hicache.storage.buffers import Value, value_views
+from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageProtocolError
+from hicache.storage.objects import check_key
+from hicache.storage.resp import (ASKING, UNAVAILABLE_CODES, Endpoint, RedisOptions, RespConnection,
+                                  RespError, encode_command)
+
+_FANOUT_MIN_BYTES = 4 << 20
+_EXISTS_BATCH = 64
+
+
+def raise_if_unavailable(reply, endpoint) -> None:
+    if isinstance(reply, RespError) and reply.code in UNAVAILABLE_CODES:
+        raise StorageConnectionError(f"{endpoint}: {reply.message}")
+
+
+class ConnectionPool:
+    """Idle connections to one endpoint, checked out one per thread and operation.
+
+    A connection that saw a transport fault is closed, and so is every idle one: after a
+    server restart they are all dead, and finding that out one failed call at a time would
+    cost a timeout each.
+    """
+
+    def __init__(self, endpoint: Endpoint, opts: RedisOptions, max_idle: int = 8):
+        self.endpoint = endpoint
+        self.opts = opts
+        self._ssl = opts.ssl_context()
+        self._lock = threading.Lock()
+        self._idle: list[RespConnection] = []
+        self._max_idle = max_idle
+        self.opened = 0
+
+    def acquire(self) -> RespConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        conn = RespConnection(self.endpoint, self.opts, self._ssl)
+        with self._lock:
+            self.opened += 1
+        return conn
+
+    def release(self, conn: RespConnection) -> None:
+        if conn.broken:
+            conn.close()
+            return
+        with self._lock:
+            if len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def reset(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for c in idle:
+            c.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[RespConnection]:
+        conn = self.acquire()
+        try:
+            yield conn
+        except BaseException:
+            conn.close()
+            self.reset()
+            raise
+        self.release(conn)
+
+    def close(self) -> None:
+        self.reset()
+
+
+class RedisNode:
+    """Raw pipelined operations against one server; results may hold :class:`RespError`."""
+
+    def __init__(self, endpoint: Endpoint, opts: RedisOptions):
+        self.endpoint = endpoint
+        self.opts = opts
+        self.pool = ConnectionPool(endpoint, opts, max_idle=max(4, 2 * opts.connections))
+        self._exec: Optional[ThreadPoolExecutor] = None
+        self._exec_lock = threading.Lock()
+
+    def _slices(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
+        n, total = len(sizes), sum(sizes)
+        k = min(self.opts.connections, n)
+        if k <= 1 or total < _FANOUT_MIN_BYTES:
+            return [(0, n)]
+        out, start, acc, target = [], 0, 0, total / k
+        for i, s in enumerate(sizes):
+            acc += s
+            if acc >= target * (len(out) + 1) and len(out) < k - 1 and i + 1 < n:
+                out.append((start, i + 1))
+                start = i + 1
+        out.append((start, n))
+        return out
+
+    def _fanout(self, sizes: Sequence[int], fn: Callable[[int, int], list]) -> list:
+        slices = self._slices(sizes)
+        if len(slices) == 1:
+            return fn(0, len(sizes))
+        with self._exec_lock:
+            if self._exec is None:
+                self._exec = ThreadPoolExecutor(max_workers=self.opts.connections,
+                                                thread_name_prefix=f"hicache-redis-{self.endpoint}")
+        futures = [self._exec.submit(fn, a, b) for a, b in slices[1:]]
+        first_exc = None
+        out = []
+        try:
+            out = fn(*slices[0])
+        except BaseException as exc:  # still wait for the others: they write into our buffers
+            first_exc = exc
+        for f in futures:
+            try:
+                out.extend(f.result())
+            except BaseException as exc:
+                first_exc = first_exc or exc
+        if first_exc is not None:
+            raise first_exc
+        return out
+
+    def exists_raw(self, keys: Sequence[str], asking: bool = False) -> list:
+        with self.pool.connection() as c:
+            if not asking:
+                return c.pipeline([encode_command("EXISTS", k) for k in keys])
+            c.send([b"".join(ASKING + encode_command("EXISTS", k) for k in keys)])
+            replies = []
+            for _ in keys:
+                c.read_reply()  # ASKING's +OK
+                replies.append(c.read_reply())
+            return replies
+
+    def get_raw(self, keys: Sequence[str], dests: Sequence[list[memoryview]], asking: bool = False,
+                accept: Optional[Accept] = None) -> list:
+        sizes = [sum(v.nbytes for v in d) for d in dests]
+
+        def run(a: int, b: int) -> list:
+            check = None if accept is None else (lambda i, n, head: accept(a + i, n, head))
+            with self.pool.connection() as c:
+                return c.get_many(keys[a:b], dests[a:b], self.opts.pipeline, asking=asking, accept=check)
+
+        return self._fanout(sizes, run)
+
+    def set_raw(self, keys: Sequence[str], values: Sequence[list[memoryview]], asking: bool = False) -> list:
+        sizes = [sum(v.nbytes for v in d) for d in values]
+
+        def run(a: int, b: int) -> list:
+            # Everything is sent before the first reply is read: replies are 5 bytes each
+            # and TCP flow control bounds what is in flight, so the server never waits for
+            # us between values (reading replies per window left a bubble per window).
+            with self.pool.connection() as c:
+                return c.set_many(keys[a:b], values[a:b], asking=asking)
+
+        return self._fanout(sizes, run)
+
+    def del_raw(self, keys: Sequence[str], asking: bool = False) -> list:
+        with self.pool.connection() as c:
+            if not asking:
+                return c.pipeline([encode_command("DEL", k) for k in keys])
+            replies = c.pipeline([ASKING + encode_command("DEL", k) for k in keys])
+            return [c.read_reply() for _ in keys] if all(r == "OK" for r in replies) else replies
+
+    def command(self, *args) -> object:
+        with self.pool.connection() as c:
+            return c.command(*args)
+
+    def info(self) -> dict[str, str]:
+        reply = self.command("INFO")
+        raise_if_unavailable(reply, self.endpoint)
+        if not isinstance(reply, bytes):
+            raise StorageProtocolError(f"{self.endpoint}: INFO returned {reply!r}")
+        out = {}
+        for line in reply.decode(errors="replace").splitlines():
+            if ":" in line and not line.startswith("#"):
+                k, v = line.split(":", 1)
+                out[k] = v
+        return out
+
+    def close(self) -> None:
+        self.pool.close()
+        if self._exec is not None:
+            self._exec.shutdown(wait=True)
+            self._exec = None
+
+
+def map_get(results: list, counter: FaultCounter, endpoint) -> list[Optional[int]]:
+    out: list[Optional[int]] = []
+    for r in results:
+        if isinstance(r, RespError):
+            raise_if_unavailable(r, endpoint)
+            counter.add("wrongtype" if r.code == "WRONGTYPE" else "server_error")
+            out.append(0)  # not a value we can read: rejected as foreign by the object check
+        else:
+            out.append(r)
+    return out
+
+
+def map_put(results: list, counter: FaultCounter, endpoint) -> list[bool]:
+    out = []
+    for r in results:
+        if isinstance(r, RespError):
+            raise_if_unavailable(r, endpoint)
+            counter.add("full" if r.code == "OOM" else "server_error")
+            out.append(False)
+        else:
+            out.append(r == "OK")
+    return out
+
+
+def map_exists(results: list, endpoint) -> list[bool]:
+    out = []
+    for r in results:
+        raise_if_unavailable(r, endpoint)
+        out.append(isinstance(r, int) and r > 0)
+    return out
+
+
+class RedisBackend:
+    """One Redis server (TCP, TLS or unix socket); see module doc."""
+
+    protocol_version = STORAGE_PROTOCOL_VERSION
+    kind = "redis"
+
+    def __init__(self, endpoint: Endpoint, opts: RedisOptions, url: str):
+        self.url = url
+        self.node = RedisNode(endpoint, opts)
+        self._errors = FaultCounter()
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        if not keys:
+            return []
+        return map_exists(self.node.exists_raw(keys), self.node.endpoint)
+
+    def exists_prefix(self, keys: Sequence[str]) -> int:
+        return exists_prefix_batched(self.exists, keys, _EXISTS_BATCH)
+
+    def get_into(self, keys: Sequence[str], values: Sequence[Value],
+                 accept: Optional[Accept] = None) -> list[Optional[int]]:
+        assert len(keys) == len(values), "one destination per key"
+        if not keys:
+            return []
+        dests = [value_views(v, writable=True) for v in values]
+        return map_get(self.node.get_raw(keys, dests, accept=accept), self._errors, self.node.endpoint)
+
+    def put(self, keys: Sequence[str], values: Sequence[Value]) -> list[bool]:
+        assert len(keys) == len(values), "one value per key"
+        if not keys:
+            return []
+        for k in keys:
+            check_key(k)
+        views = [value_views(v, writable=False) for v in values]
+        return map_put(self.node.set_raw(keys, views), self._errors, self.node.endpoint)
+
+    def delete(self, keys: Sequence[str]) -> int:
+        if not keys:
+            return 0
+        replies = self.node.del_raw(keys)
+        return sum(r for r in replies if isinstance(r, int))
+
+    def stats(self) -> BackendStats:
+        info = self.node.info()
+        return redis_stats(self.kind, self.url, [info], self._errors.snapshot(), self.node.opts.db)
+
+    def close(self) -> None:
+        self.node.close()
+
+
+def redis_stats(kind: str, url: str, infos: list[dict[str, str]], errors: dict, db: int) -> BackendStats:
+    def num(info, key):
+        try:
+            return int(info.get(key, "0"))
+        except ValueError:
+            return 0
+
+    objects = 0
+    for info in infos:
+        ks = info.get(f"db{db}", "")
+        for part in ks.split(","):
+            if part.startswith("keys="):
+                objects += int(part[5:])
+    maxmem = sum(num(i, "maxmemory") for i in infos)
+    return BackendStats(kind, url, objects=objects, used_bytes=sum(num(i, "used_memory") for i in infos),
+                        capacity_bytes=maxmem or None,
+                        evictions=sum(num(i, "evicted_keys") for i in infos), errors=errors,
+                        extra={"nodes": len(infos),
+                               "maxmemory_policy": infos[0].get("maxmemory_policy") if infos else None})

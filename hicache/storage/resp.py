@@ -1,0 +1,368 @@
+"""A small RESP2 client built for moving megabyte values without extra copies.
+
+Why not redis-py for the data path: it builds each reply as a new ``bytes`` object and the
+caller copies it again into pool memory; measured here it moves ~0.3-0.4 GB/s for 1 MiB
+values against ~1.5-2.4 GB/s for ``redis-benchmark``. This client instead
+
+* sends a ``SET`` as one ``socket.sendmsg`` gather list: the command prefix, the 64-byte
+  object header and the payload straight from pool memory (no concatenation);
+* reads a bulk reply's ``$<len>\\r\\n`` line through a small buffer and then
+  ``recv_into``\\ s the value straight into the caller's buffers (header buffer, then the
+  pool row), so a 1 MiB value crosses from the kernel into the pool once;
+* pipelines: many commands in flight per connection, replies read in order.
+
+TLS sockets have no ``sendmsg``; there each piece is written with ``sendall`` (the TLS layer
+copies to encrypt anyway). Errors are typed: a timeout is :class:`StorageTimeout`, a broken
+or refused connection :class:`StorageConnectionError`, unparsable bytes
+:class:`StorageProtocolError`; after any of them the connection is discarded. A ``-ERR``
+reply is a value (:class:`RespError`), so one refused key never desynchronises a pipeline.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from typing import Callable, Optional, Sequence, Union
+
+from hicache.storage.faults import StorageConnectionError, StorageProtocolError, StorageTimeout
+from hicache.storage.redis_opts import Endpoint, RedisOptions
+
+__all__ = ["Endpoint", "RedisOptions", "RespConnection", "RespError", "encode_command", "ASKING",
+           "UNAVAILABLE_CODES"]
+
+_CRLF = b"\r\n"
+_IOV_MAX = 512
+_DIRECT_MIN = 16 << 10   # read pieces at least this large straight into the destination
+_COALESCE_MAX = 4 << 10  # glue command pieces smaller than this into one send
+# Replies that mean "this server cannot serve now" rather than "this key was refused".
+UNAVAILABLE_CODES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "NOAUTH", "NOPERM",
+                     "WRONGPASS", "READONLY", "NOREPLICAS")
+
+
+class RespError:
+    """A ``-ERR ...`` reply, kept as a value. ``code`` is its first word (``OOM``, ``MOVED``)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str):
+        self.message = message
+
+    @property
+    def code(self) -> str:
+        return self.message.split(" ", 1)[0]
+
+    def __repr__(self) -> str:
+        return f"RespError({self.message!r})"
+
+
+Reply = Union[None, int, bytes, str, list, RespError]
+Arg = Union[bytes, str, int]
+
+
+def _arg(a: Arg) -> bytes:
+    if isinstance(a, bytes):
+        return a
+    if isinstance(a, str):
+        return a.encode()
+    return str(a).encode()
+
+
+def encode_command(*args: Arg) -> bytes:
+    parts = [b"*%d\r\n" % len(args)]
+    for a in args:
+        b = _arg(a)
+        parts.append(b"$%d\r\n%s\r\n" % (len(b), b))
+    return b"".join(parts)
+
+
+ASKING = encode_command("ASKING")
+
+
+class RespConnection:
+    """One connection: handshake, gather sends, buffered replies, bulk reads into buffers."""
+
+    def __init__(self, endpoint: Endpoint, opts: RedisOptions,
+                 ssl_ctx: Optional[ssl.SSLContext] = None):
+        self.endpoint = endpoint
+        self._opts = opts
+        try:
+            if endpoint.path:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(opts.connect_timeout_s)
+                sock.connect(endpoint.path)
+            else:
+                sock = socket.create_connection((endpoint.host, endpoint.port),
+                                                timeout=opts.connect_timeout_s)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if opts.socket_buffer_bytes:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, opts.socket_buffer_bytes)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, opts.socket_buffer_bytes)
+            if ssl_ctx is not None:
+                sock = ssl_ctx.wrap_socket(sock, server_hostname=endpoint.host)
+            sock.settimeout(opts.op_timeout_s)
+        except socket.timeout:
+            raise StorageTimeout(f"connect to {endpoint} timed out after {opts.connect_timeout_s}s") from None
+        except (OSError, ssl.SSLError) as exc:
+            raise StorageConnectionError(f"cannot connect to {endpoint}: {exc}") from None
+        self._sock = sock
+        self._gather = ssl_ctx is None
+        self._rb = bytearray(64 << 10)
+        self._rv = memoryview(self._rb)
+        self._rpos = self._rend = 0
+        self.broken = False
+        try:
+            self._handshake()
+        except BaseException:
+            self.close()
+            raise
+
+    def _handshake(self) -> None:
+        o = self._opts
+        if o.password is not None:
+            args = ["AUTH"] + ([o.username] if o.username else []) + [o.password]
+            reply = self.command(*args)
+            if isinstance(reply, RespError):
+                raise StorageConnectionError(f"{self.endpoint}: authentication failed: {reply.message}")
+        if o.db:
+            reply = self.command("SELECT", o.db)
+            if isinstance(reply, RespError):
+                raise StorageConnectionError(f"{self.endpoint}: SELECT {o.db} failed: {reply.message}")
+
+    def close(self) -> None:
+        self.broken = True
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    # -- sending ------------------------------------------------------------------------
+    def send(self, pieces: Sequence[Union[bytes, memoryview]]) -> None:
+        """Send the pieces in order, as few syscalls and as few copies as possible."""
+        merged: list = []
+        small: list[bytes] = []
+        for p in pieces:
+            if len(p) < _COALESCE_MAX:
+                small.append(p if isinstance(p, bytes) else bytes(p))
+                continue
+            if small:
+                merged.append(b"".join(small))
+                small = []
+            merged.append(p)
+        if small:
+            merged.append(b"".join(small))
+        try:
+            if not self._gather:
+                for p in merged:
+                    self._sock.sendall(p)
+                return
+            pending = [memoryview(p) for p in merged if len(p)]
+            while pending:
+                n = self._sock.sendmsg(pending[:_IOV_MAX])
+                while n:
+                    if n >= pending[0].nbytes:
+                        n -= pending.pop(0).nbytes
+                    else:
+                        pending[0] = pending[0][n:]
+                        n = 0
+        except socket.timeout:
+            self.broken = True
+            raise StorageTimeout(f"{self.endpoint}: send timed out") from None
+        except (OSError, ssl.SSLError) as exc:
+            self.broken = True
+            raise StorageConnectionError(f"{self.endpoint}: send failed: {exc}") from None
+
+    # -- receiving ----------------------------------------------------------------------
+    def _recv_into(self, mv: memoryview) -> int:
+        try:
+            n = self._sock.recv_into(mv)
+        except socket.timeout:
+            self.broken = True
+            raise StorageTimeout(f"{self.endpoint}: no reply within {self._opts.op_timeout_s}s") from None
+        except (OSError, ssl.SSLError) as exc:
+            self.broken = True
+            raise StorageConnectionError(f"{self.endpoint}: receive failed: {exc}") from None
+        if n == 0:
+            self.broken = True
+            raise StorageConnectionError(f"{self.endpoint}: connection closed by the server")
+        return n
+
+    def _fill(self) -> None:
+        if self._rpos == self._rend:
+            self._rpos = self._rend = 0
+        elif self._rend == len(self._rb):
+            live = self._rend - self._rpos
+            if self._rpos == 0:  # a line longer than the buffer: grow it
+                self._rv.release()
+                self._rb = bytearray(self._rb) + bytearray(len(self._rb))
+                self._rv = memoryview(self._rb)
+            else:
+                self._rb[:live] = self._rb[self._rpos:self._rend]
+                self._rpos, self._rend = 0, live
+        self._rend += self._recv_into(self._rv[self._rend:])
+
+    def _readline(self) -> bytes:
+        while True:
+            i = self._rb.find(_CRLF, self._rpos, self._rend)
+            if i >= 0:
+                line = bytes(self._rv[self._rpos:i])
+                self._rpos = i + 2
+                return line
+            self._fill()
+
+    def _read_exact(self, mv: memoryview) -> None:
+        want = mv.nbytes
+        k = min(self._rend - self._rpos, want)
+        if k:
+            mv[:k] = self._rv[self._rpos:self._rpos + k]
+            self._rpos += k
+        off = k
+        while off < want:
+            if want - off >= _DIRECT_MIN:  # large: straight from the socket into the caller's memory
+                off += self._recv_into(mv[off:])
+            else:
+                self._fill()
+                k = min(self._rend - self._rpos, want - off)
+                mv[off:off + k] = self._rv[self._rpos:self._rpos + k]
+                self._rpos += k
+                off += k
+
+    def _skip(self, n: int) -> None:
+        while n:
+            if self._rpos == self._rend:
+                self._fill()
+            k = min(self._rend - self._rpos, n)
+            self._rpos += k
+            n -= k
+
+    def _expect_crlf(self) -> None:
+        while self._rend - self._rpos < 2:
+            self._fill()
+        if self._rv[self._rpos:self._rpos + 2] != _CRLF:
+            self.broken = True
+            raise StorageProtocolError(f"{self.endpoint}: bulk reply not terminated by CRLF")
+        self._rpos += 2
+
+    def read_reply(self) -> Reply:
+        line = self._readline()
+        if not line:
+            self.broken = True
+            raise StorageProtocolError(f"{self.endpoint}: empty reply line")
+        t, rest = line[:1], line[1:]
+        try:
+            if t == b"+":
+                return rest.decode()
+            if t == b"-":
+                return RespError(rest.decode(errors="replace"))
+            if t == b":":
+                return int(rest)
+            if t == b"$":
+                n = int(rest)
+                if n < 0:
+                    return None
+                buf = bytearray(n)
+                self._read_exact(memoryview(buf))
+                self._expect_crlf()
+                return bytes(buf)
+            if t == b"*":
+                n = int(rest)
+                return None if n < 0 else [self.read_reply() for _ in range(n)]
+        except ValueError:
+            pass
+        self.broken = True
+        raise StorageProtocolError(f"{self.endpoint}: unexpected reply {line[:40]!r}")
+
+    def read_bulk_into(self, views: Sequence[memoryview],
+                       accept: Optional[Callable[[int, memoryview], bool]] = None
+                       ) -> Union[int, None, RespError]:
+        """Read one bulk reply into ``views`` in order; returns its length (see backend doc).
+
+        ``accept(length, first_view)`` is asked once the first view is full; when it says
+        False the rest of the value is read and dropped instead of landing in the others.
+        """
+        line = self._readline()
+        if line[:1] == b"-":
+            return RespError(line[1:].decode(errors="replace"))
+        if line[:1] != b"$":
+            self.broken = True
+            raise StorageProtocolError(f"{self.endpoint}: expected a bulk reply, got {line[:40]!r}")
+        try:
+            n = int(line[1:])
+        except ValueError:
+            self.broken = True
+            raise StorageProtocolError(f"{self.endpoint}: bad bulk length {line[:40]!r}") from None
+        if n < 0:
+            return None
+        left = n
+        for j, v in enumerate(views):
+            if not left:
+                break
+            take = min(v.nbytes, left)
+            self._read_exact(v[:take] if take < v.nbytes else v)
+            left -= take
+            if j == 0 and accept is not None and not accept(n, v):
+                break
+        if left:
+            self._skip(left)
+        self._expect_crlf()
+        return n
+
+    # -- commands -----------------------------------------------------------------------
+    def command(self, *args: Arg) -> Reply:
+        self.send([encode_command(*args)])
+        return self.read_reply()
+
+    def pipeline(self, commands: Sequence[bytes]) -> list[Reply]:
+        """Send pre-encoded commands at once and read their replies in order."""
+        self.send([b"".join(commands)])
+        return [self.read_reply() for _ in commands]
+
+    def get_many(self, keys: Sequence[str], dests: Sequence[Sequence[memoryview]], depth: int,
+                 asking: bool = False, accept: Optional[Callable[[int, int, memoryview], bool]] = None
+                 ) -> list[Union[int, None, RespError]]:
+        """Pipelined GETs, at most ``depth`` in flight, each read into its destination."""
+        n = len(keys)
+        out: list = []
+        sent = 0
+        prefix = ASKING if asking else b""
+
+        def send_to(m: int) -> int:
+            self.send([b"".join(prefix + encode_command("GET", k) for k in keys[sent:m])])
+            return m
+
+        sent = send_to(min(depth, n))
+        for i in range(n):
+            if sent < n and sent - i <= depth // 2:
+                sent = send_to(min(i + depth, n))
+            if asking:
+                r = self.read_reply()
+                if isinstance(r, RespError):
+                    out.append(r)
+                    self.read_bulk_into(())  # the GET's own reply, discarded
+                    continue
+            check = None if accept is None else (lambda length, head, i=i: accept(i, length, head))
+            out.append(self.read_bulk_into(dests[i], check))
+        return out
+
+    def set_many(self, keys: Sequence[str], values: Sequence[Sequence[memoryview]],
+                 asking: bool = False) -> list[Reply]:
+        """Pipelined SETs sent as one gather list; replies read after the last is sent."""
+        pieces: list = []
+        for key, views in zip(keys, values):
+            kb = key.encode()
+            size = sum(v.nbytes for v in views)
+            if asking:
+                pieces.append(ASKING)
+            pieces.append(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(kb), kb, size))
+            pieces.extend(views)
+            pieces.append(_CRLF)
+        self.send(pieces)
+        out = []
+        for _ in keys:
+            if asking:
+                r = self.read_reply()
+                if isinstance(r, RespError):
+                    self.read_reply()
+                    out.append(r)
+                    continue
+            out.append(self.read_reply())
+        return out

@@ -1,0 +1,65 @@
+import pytest
+
+from hicache.errors import ConfigError
+from hicache.storage import SCHEMES, mask_url, open_backend
+from hicache.storage.cluster import RedisClusterBackend
+from hicache.storage.file import FileBackend
+from hicache.storage.memory import MemoryBackend
+from hicache.storage.redis_node import RedisBackend
+from hicache.storage.resp import Endpoint
+
+
+def test_schemes_select_backends(tmp_path):
+    m = open_backend("memory://?capacity=2MiB")
+    assert isinstance(m, MemoryBackend) and m.stats().capacity_bytes == 2 << 20
+    f = open_backend(f"file://{tmp_path}/l3?capacity=1GiB&fsync=1")
+    assert isinstance(f, FileBackend) and f.capacity == 1 << 30 and f.fsync is True
+    # opening a Redis URL never touches the network
+    r = open_backend("redis://alice:s3cret@10.255.255.1:7000/3?timeout=0.25&connect_timeout=0.1&connections=3")
+    assert isinstance(r, RedisBackend)
+    o = r.node.opts
+    assert (r.node.endpoint, o.username, o.password, o.db, o.op_timeout_s, o.connect_timeout_s, o.connections) == (
+        Endpoint("10.255.255.1", 7000), "alice", "s3cret", 3, 0.25, 0.1, 3)
+    assert r.url == "redis://alice:***@10.255.255.1:7000/3?timeout=0.25&connect_timeout=0.1&connections=3"
+    t = open_backend("rediss://h:6380?ssl_cert_reqs=none")
+    assert t.node.opts.tls and t.node.opts.ssl_cert_reqs == "none" and t.node.endpoint == Endpoint("h", 6380)
+    u = open_backend("unix:///run/redis/redis.sock?db=2&password=pw")
+    assert u.node.endpoint == Endpoint(path="/run/redis/redis.sock") and u.node.opts.db == 2
+    assert u.url == "unix:///run/redis/redis.sock?db=2&password=***"
+    c = open_backend("redis+cluster://:pw@a:7000,b:7001,c")
+    assert isinstance(c, RedisClusterBackend)
+    assert c.seeds == [Endpoint("a", 7000), Endpoint("b", 7001), Endpoint("c", 6379)]
+    assert c.opts.password == "pw" and c.opts.username is None
+    assert open_backend("rediss+cluster://a:1").opts.tls
+    # keyword options win over the query string
+    assert open_backend("redis://h?timeout=5", timeout=0.5).node.opts.op_timeout_s == 0.5
+    assert "redis+cluster" in SCHEMES
+
+
+@pytest.mark.parametrize("url, field, words", [
+    ("ftp://x", "storage_url", "unknown scheme 'ftp'"),
+    ("localhost:6379", "storage_url", "must be a URL"),
+    ("redis://h:notaport", "storage_url", "bad port"),
+    ("redis://h/abc", "storage_url", "must be a number"),
+    ("redis://h?colour=red", "storage_url.colour", "unknown option"),
+    ("memory://?fsync=1", "storage_url.fsync", "unknown option"),
+    ("redis://h?timeout=0", "storage_url.timeout", "> 0"),
+    ("redis://h?connections=0", "storage_url.connections", ">= 1"),
+    ("redis://a:1,b:2", "storage_url", "redis+cluster"),
+    ("redis+cluster://a:1/2", "storage_url.db", "only database 0"),
+    ("unix://relative.sock", "storage_url", "absolute"),
+    ("file://", "storage_url", "needs a directory"),
+    ("memory://?capacity=lots", "storage_url.capacity", "byte size"),
+])
+def test_bad_urls_are_config_errors(url, field, words):
+    with pytest.raises(ConfigError) as ei:
+        open_backend(url)
+    assert ei.value.field == field
+    assert words in str(ei.value)
+
+
+def test_mask_url():
+    assert mask_url("redis://u:p@h:1/0") == "redis://u:***@h:1/0"
+    assert mask_url("redis://p@h:1") == "redis://:***@h:1"
+    assert mask_url("redis://h:1/0?password=x&db=1") == "redis://h:1/0?password=***&db=1"
+    assert mask_url("memory://") == "memory://"
