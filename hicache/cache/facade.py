@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from hicache.cache.l3 import L3Mixin, Prefetch
 from hicache.cache.lease import Lease
 from hicache.cache.publish import PublishMixin, as_tokens
 from hicache.cache.residency import Load, ResidencyMixin
@@ -42,7 +43,7 @@ class _Resume(NamedTuple):
     snapshot: Snapshot | None
 
 
-class HiCache(PublishMixin, ResidencyMixin):
+class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
     """A three-tier prefix cache for one model layout (see module docstring).
 
     Not thread-safe: one engine thread drives it (copies run on their own workers).
@@ -66,6 +67,7 @@ class HiCache(PublishMixin, ResidencyMixin):
         self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
         self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
         self._closed = False
+        self._init_l3()
 
     @classmethod
     def from_config(cls, path: str, **overrides) -> "HiCache":
@@ -173,20 +175,26 @@ class HiCache(PublishMixin, ResidencyMixin):
                 deps[id(h)] = h
         lease._deps = list(deps.values())
         loaded = sum(n.num_pages for load in loads for n in load.nodes)
+        from_l3 = sum(n.num_pages for load in loads for n in load.nodes if n.from_l3)
+        for load in loads:
+            for n in load.nodes:
+                n.from_l3 = False
         lease.loaded_tokens = loaded * self.page_tokens
+        lease.l3_tokens = from_l3 * self.page_tokens
         c = self.counters
         c.loads += bool(loads)
         c.matches += 1
         c.match_tokens += len(toks)
         c.hit_tokens += lease.resume_tokens
-        c.host_hit_tokens += loaded * self.page_tokens
+        c.host_hit_tokens += (loaded - from_l3) * self.page_tokens
+        c.l3_hit_tokens += from_l3 * self.page_tokens
         c.device_hit_tokens += lease.resume_tokens - loaded * self.page_tokens
         self._leases[lease.lease_id] = lease
         if self.config.write.write_policy == "write_through_selective":
             threshold = self.config.write.write_through_threshold
             self._backup_nodes([n for n in chain if n.hit_count >= threshold])
             if lease._resume_snapshot is not None and chain[-1].hit_count >= threshold:
-                self._backup_snapshots([lease._resume_snapshot])
+                self._backup_snapshots([(chain[-1], lease._resume_snapshot)])
         if start:
             self.ctl.step()
         return lease
@@ -280,7 +288,9 @@ class HiCache(PublishMixin, ResidencyMixin):
     def poll(self) -> int:
         """Launch queued copies and apply finished ones to the tree; returns acks applied."""
         self.ctl.step()
-        return self._process_acks()
+        n = self._process_acks()
+        self._poll_l3()
+        return n
 
     def drain(self, timeout: float | None = 30.0) -> None:
         """Wait for every queued and in-flight copy and apply them (tests, shutdown)."""
@@ -288,12 +298,15 @@ class HiCache(PublishMixin, ResidencyMixin):
         for handle in list(self._handles.values()):
             handle.wait(timeout=timeout)
         self._process_acks()
+        self._drain_l3(timeout)
+        self._process_acks()
 
     def close(self) -> None:
         """Finish in-flight copies, apply them, and stop the copy workers."""
         if self._closed:
             return
         self.drain()
+        self._close_l3()
         self.ctl.shutdown(wait=True)
         self._closed = True
 
@@ -310,6 +323,9 @@ class HiCache(PublishMixin, ResidencyMixin):
                 out[f"{tier}_{source}s_used"] = pools.num_used(source)
                 out[f"{tier}_{source}s_total"] = pools.capacity(source)
         out["running_requests"] = len(self._leases)
+        l3 = self.l3_stats()
+        out["l3_errors"] = sum(l3.get("faults", {}).values()) if l3 else 0
+        out["l3_rejected"] = sum(l3.get("rejected", {}).values()) if l3 else 0
         out["hit_rate"] = self.counters.hit_tokens / self.counters.match_tokens if self.counters.match_tokens else 0.0
         return out
 

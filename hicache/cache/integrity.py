@@ -55,6 +55,10 @@ def check_cache(cache: "HiCache") -> None:
     for lease in leases:
         dev_pages.update(lease.owned)
         dev_snaps.update(lease._unpublished_snapshots)
+    for pf in cache._prefetch_rows:
+        host_pages.update(int(i) for i in pf.page_rows)
+        if pf.state_row is not None:
+            host_snaps[pf.state_row] += 1
     for tag in inflight:
         if isinstance(tag, PageBackup):
             host_pages.update(int(i) for i in tag.dst)
@@ -74,10 +78,13 @@ def check_cache(cache: "HiCache") -> None:
             if s is not None:
                 snap_locks[id(s)] += 1
         assert lease.published_pages <= len(lease.page_table), f"lease {lease.lease_id}: page table short"
-    for n in nodes:  # a node is filled by at most one load; splits share its ticket
+    for n in nodes:  # one load and one L3 put at most; splits share their tickets
         if n.load_ticket is not None:
             host_locks[n.node_id] += 1
             assert n.on_device, f"{n}: loading without device rows"
+        if n.l3_put is not None:
+            host_locks[n.node_id] += 1
+            assert n.on_host, f"{n}: an L3 put without host rows"
     for n in nodes:
         assert n.lock_device == locks[n.node_id], \
             f"{n}: lock_device {n.lock_device} but {locks[n.node_id]} leases hold it"

@@ -37,6 +37,7 @@ class Lease:
     snapshot_id: int | None
     page_tokens: int
     loaded_tokens: int = 0  # of resume_tokens, how many were loaded from the host
+    l3_tokens: int = 0      # of loaded_tokens, how many had just been fetched from L3
     owned: set[int] = field(default_factory=set)
     published_pages: int = 0
     released: bool = False

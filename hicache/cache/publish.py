@@ -114,7 +114,7 @@ class PublishMixin:
         if snap.provisional_owner == lease.lease_id:
             lease._provisional = (node, snap)
         elif self.config.write.write_policy == "write_through":
-            self._backup_snapshots([snap])
+            self._backup_snapshots([(node, snap)])
         return outcome
 
     def _pin_newest(self, lease: Lease, snap: Snapshot | None) -> None:

@@ -32,6 +32,7 @@ class PageBackup:
 
 @dataclass(eq=False)
 class SnapshotBackup:
+    node: TreeNode
     snap: Snapshot
     src: int
     dst: int
@@ -57,7 +58,7 @@ class ResidencyMixin:
     # -- helpers ------------------------------------------------------------------------
     def _busy(self, node: TreeNode) -> bool:
         snap = node.snapshot
-        return node.load_ticket is not None or (snap is not None and (snap.backup_pending or
+        return node.load_ticket is not None or (snap is not None and (snap.backup_pending or snap.put_pending or
                                                                        id(snap) in self._loading_snaps))
 
     def _free(self, tier: str, source: str, ids: Iterable[int] | np.ndarray) -> None:
@@ -109,37 +110,46 @@ class ResidencyMixin:
         return pools.alloc(source, n)
 
     # -- eviction -----------------------------------------------------------------------
+    def _subtree_pinned(self, node: TreeNode) -> bool:
+        """True if dropping ``node`` would remove a copy someone is reading (load, put)."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.lock_host or n.lock_device or self._busy(n):
+                return True
+            stack.extend(n.children.values())
+        return False
+
+    def _drop_device_copy(self, node: TreeNode) -> bool:
+        """Evict ``node``'s device pages: demote if it has a host copy, else drop the node
+        (and its shadow subtree). False if it must stay (something reads the subtree)."""
+        if not node.on_host and self._subtree_pinned(node):
+            return False
+        ids, node.device_ids = node.device_ids, None
+        self._free("device", "page", ids)
+        if node.on_host:
+            self.counters.device_demoted_pages += node.num_pages
+        else:
+            self.counters.device_evicted_pages += node.num_pages
+            self._remove_subtree(node)
+        return True
+
     def _evict_device_pages(self, need: int) -> int:
         freed, to_backup = 0, []
+        write_back = self.config.write.write_policy == "write_back"
         for node in device_victims(self.tree, self.strategy, busy=self._busy):
             if freed >= need:
                 break
-            k = node.num_pages
-            if node.on_host:
-                self._free("device", "page", node.device_ids)
-                node.device_ids = None
-                self.counters.device_demoted_pages += k
-            elif self.config.write.write_policy == "write_back":
-                to_backup.append(node)
-            else:
-                self.counters.device_evicted_pages += k
-                node.device_ids, ids = None, node.device_ids
-                self._free("device", "page", ids)
-                if not node.on_host:
-                    self._remove_subtree(node)
-            freed += k
+            if write_back and not node.on_host:
+                to_backup.append(node)   # backed up below, in one batched copy
+                freed += node.num_pages
+            elif self._drop_device_copy(node):
+                freed += node.num_pages
         if to_backup:
             self._backup_nodes(to_backup, sync=True)
             for node in to_backup:
-                if node.parent is None:
-                    continue
-                ids, node.device_ids = node.device_ids, None
-                self._free("device", "page", ids)
-                if node.on_host:
-                    self.counters.device_demoted_pages += node.num_pages
-                else:
-                    self.counters.device_evicted_pages += node.num_pages
-                    self._remove_subtree(node)
+                if node.parent is not None and node.on_device and not self._drop_device_copy(node):
+                    freed -= node.num_pages
         return freed
 
     def _evict_host_pages(self, need: int) -> int:
@@ -177,7 +187,7 @@ class ResidencyMixin:
                 node.snapshot = None
             freed += 1
         if to_backup:
-            self._backup_snapshots([s for _, s in to_backup], sync=True)
+            self._backup_snapshots(to_backup, sync=True)
             for node, snap in to_backup:
                 self._free("device", "state", [snap.device_id])
                 snap.device_id = None
@@ -205,16 +215,17 @@ class ResidencyMixin:
         self._submit("d2h", "page", src, tag.dst, tag, sync=sync)
         self.counters.backups += 1
 
-    def _backup_snapshots(self, snaps: list[Snapshot], *, sync: bool = False) -> None:
-        snaps = [s for s in snaps if s.device_id is not None and s.host_id is None and not s.backup_pending]
-        for snap in snaps:
+    def _backup_snapshots(self, items: list[tuple[TreeNode, Snapshot]], *, sync: bool = False) -> None:
+        items = [(n, s) for n, s in items
+                 if s.device_id is not None and s.host_id is None and not s.backup_pending]
+        for node, snap in items:
             snap.backup_pending = True
             alloc = self._alloc("host", "state", 1)
             if not alloc.ok:
                 snap.backup_pending = False
                 self.counters.backup_skipped_no_room += 1
                 continue
-            tag = SnapshotBackup(snap, snap.device_id, int(alloc.ids[0]))
+            tag = SnapshotBackup(node, snap, snap.device_id, int(alloc.ids[0]))
             self._submit("d2h", "state", np.asarray([tag.src]), np.asarray([tag.dst]), tag, sync=sync)
 
     def _submit(self, direction: str, source: str, src: np.ndarray, dst: np.ndarray, tag: Any,
@@ -246,6 +257,8 @@ class ResidencyMixin:
                 if ack.ok and tag.snap.device_id is not None:
                     tag.snap.host_id = tag.dst
                     self.counters.snapshots_backed_up += 1
+                    if tag.node.snapshot is tag.snap:
+                        self._l3_put_snapshot(tag.node, tag.snap)
                 else:
                     self._free("host", "state", [tag.dst])
                     self.counters.backup_failures += not ack.ok
@@ -271,6 +284,7 @@ class ResidencyMixin:
                     node.host_ids = np.asarray([mapping[i] for i in ids], np.int64)
                     used.update(node.host_ids.tolist())
                     self.counters.backed_up_pages += len(ids)
+        self._l3_put_pages([n for n in tag.nodes if n.host_ids is not None])
         leftover = [d for d in tag.dst.tolist() if d not in used]
         self._free("host", "page", leftover)
         if not ok:

@@ -91,6 +91,9 @@ class CacheStats:
     snapshots_evicted_host: int = 0
     snapshots_backed_up: int = 0
     snapshots_loaded: int = 0
+    l3_prefetched_pages: int = 0
+    l3_put_objects: int = 0
+    l3_put_dropped: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

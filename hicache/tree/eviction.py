@@ -104,7 +104,7 @@ def snapshot_victims(tree: RadixTree, strategy: EvictionStrategy, tier: str) -> 
     the one in use; its host copy is its backup).
     """
     def eligible(s: Snapshot) -> bool:
-        if s.lock or s.backup_pending:
+        if s.lock or s.backup_pending or s.put_pending:
             return False
         if tier == "device":
             return s.device_id is not None

@@ -60,6 +60,7 @@ class Snapshot:
     lock: int = 0
     provisional_owner: int | None = None
     backup_pending: bool = False
+    put_pending: bool = False   # an L3 put is reading the host copy
     last_access: float = 0.0
 
     @property
@@ -81,6 +82,9 @@ class TreeNode:
     lock_host: int = 0       # in-flight loads reading the host copy
     backup_pending: int = 0  # in-flight D2H copies reading the device copy
     load_ticket: object | None = None  # the in-flight H2D copy filling the device copy
+    l3_put: object | None = None       # the in-flight L3 put reading the host copy
+    l3_stored: bool = False            # the host copy was written to L3 (or came from it)
+    from_l3: bool = False              # host copy fetched from L3 and not loaded since
     last_access: float = 0.0
     hit_count: int = 0
     snapshot: Snapshot | None = None

@@ -134,6 +134,7 @@ class RadixTree:
             host_ids=None if node.host_ids is None else node.host_ids[:pages],
             lock_device=node.lock_device, lock_host=node.lock_host,
             backup_pending=node.backup_pending, load_ticket=node.load_ticket,
+            l3_put=node.l3_put, l3_stored=node.l3_stored, from_l3=node.from_l3,
             last_access=node.last_access,
             hit_count=node.hit_count, node_id=self._new_id())
         key = node.first_page_key(P)
@@ -226,30 +227,47 @@ class RadixTree:
         return InsertResult(page_ids=ids, duplicates=np.concatenate(dup) if dup else np.zeros(0, np.int64),
                             private=np.asarray(private, np.int64), new_nodes=new_nodes, last=node)
 
-    def insert_host(self, tokens: np.ndarray, host_ids: np.ndarray) -> tuple[np.ndarray, TreeNode]:
-        """Insert pages that exist only on the host (an L3 prefetch). Returns the host ids
-        that were not needed (the tree already had those pages) and the last node."""
+    def insert_host(self, tokens: np.ndarray, host_ids: np.ndarray, *, start_page: int = 0
+                    ) -> tuple[np.ndarray, TreeNode | None, list[TreeNode]]:
+        """Insert pages ``[start_page, start_page + len(host_ids))`` that exist only on the host
+        (an L3 prefetch). Pages before ``start_page`` must already be in the tree.
+
+        Returns the host ids the tree did not take (it had those pages already, or the
+        prefix before ``start_page`` is gone), the node ending at the last page (None if
+        nothing could be placed) and the nodes that got host ids.
+        """
         P = self.page_tokens
-        n = len(host_ids)
+        ids = np.asarray(host_ids, np.int64)
+        n = start_page + len(ids)
+        path = self.walk(tokens, start_page)
+        if path.num_pages < start_page:
+            return ids.copy(), None, []
+        node = self.root
+        if path.segments:
+            seg, used = path.segments[-1]
+            node = seg if used == seg.num_pages else self.split(seg, used)
         unused: list[np.ndarray] = []
-        node, pos = self.root, 0
+        added: list[TreeNode] = []
+        pos = start_page
         while pos < n:
             child = node.children.get(tokens[pos * P: (pos + 1) * P].tobytes())
+            mine = ids[pos - start_page:]
             if child is None:
-                node = self.add_child(node, tokens[pos * P: n * P].copy(), device_ids=None,
-                                      host_ids=np.asarray(host_ids[pos:], np.int64).copy())
-                return (np.concatenate(unused) if unused else np.zeros(0, np.int64)), node
+                node = self.add_child(node, tokens[pos * P: n * P].copy(), device_ids=None, host_ids=mine.copy())
+                added.append(node)
+                break
             limit = min(child.num_pages, n - pos)
             diff = np.flatnonzero(child.tokens[: limit * P] != tokens[pos * P: (pos + limit) * P])
             matched = limit if diff.size == 0 else int(diff[0]) // P
             if matched < child.num_pages:
                 child = self.split(child, matched)
-            if child.host_ids is None and child.device_ids is not None and child.backup_pending == 0:
-                child.host_ids = np.asarray(host_ids[pos: pos + matched], np.int64).copy()
+            if child.host_ids is None and child.backup_pending == 0:
+                child.host_ids = mine[:matched].copy()  # a device-only page gains its backup
+                added.append(child)
             else:
-                unused.append(np.asarray(host_ids[pos: pos + matched], np.int64))
+                unused.append(mine[:matched])
             node, pos = child, pos + matched
-        return (np.concatenate(unused) if unused else np.zeros(0, np.int64)), node
+        return (np.concatenate(unused) if unused else np.zeros(0, np.int64)), node, added
 
     # -- locks --------------------------------------------------------------------------
     @staticmethod

@@ -98,13 +98,19 @@ def test_loading_nodes_are_not_adopted():
 def test_insert_host_only_pages_and_backfill():
     t = RadixTree(P)
     t.insert(toks(1), ids(10))
-    unused, last = t.insert_host(toks(1, 2, 3), ids(100, 101, 102))
+    unused, last, added = t.insert_host(toks(1, 2, 3), ids(100, 101, 102))
     # page 1 is on the device without a host copy: the fetched copy becomes its backup
-    assert unused.size == 0
+    assert unused.size == 0 and len(added) == 2
     assert t.root.children[toks(1)[:P].tobytes()].host_ids.tolist() == [100]
     assert last.is_shadow and last.host_ids.tolist() == [101, 102]
-    unused, _ = t.insert_host(toks(1, 2), ids(200, 201))
-    assert unused.tolist() == [200, 201]
+    unused, _, added = t.insert_host(toks(1, 2), ids(200, 201))
+    assert unused.tolist() == [200, 201] and added == []
+    # after a host hit of 1 page, an L3 fetch of the next two pages hangs below it
+    unused, last, added = t.insert_host(toks(1, 2, 3, 4), ids(300), start_page=3)
+    assert unused.size == 0 and last.host_ids.tolist() == [300] and last.parent.host_ids.tolist() == [102]
+    # the prefix before start_page is gone: nothing is placed
+    unused, last, _ = t.insert_host(toks(7, 8), ids(400), start_page=1)
+    assert unused.tolist() == [400] and last is None
     t.check_integrity()
 
 

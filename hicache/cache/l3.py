@@ -1,0 +1,231 @@
+"""The L3 tier in the facade: prefetch into host shadow nodes, back host copies up to L3.
+
+Prefetch, after a host miss (``match.l3_hashes`` are the hashes past the host hit)::
+
+    pf = cache.prefetch(match)          # lookup runs on a storage worker; never blocks
+    ...                                 # (best_effort: give it a step)
+    tokens = cache.finish_prefetch(pf)  # plan -> host rows -> fetch -> take (per policy)
+                                        # -> insert verified pages as host-only nodes
+    lease = cache.load(cache.match(tokens))   # loads them like any host hit
+
+History pages and the snapshot a resume point needs arrive together or are not used (the
+prefetcher's rule). Rows the fetch did not fill are freed once the worker has settled.
+
+Backup: when a page or snapshot gains a host copy (a D2H ack), its host row is queued to
+L3 with ``put_async``; the row stays host-locked until the put finishes, and a put dropped
+under backpressure just unlocks. L3 faults never reach the engine: the store counts them
+and turns them into misses (circuit breaker).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from hicache.cache.results import MatchResult
+from hicache.storage import L3Store, Prefetcher, PrefetchConfig, open_backend
+from hicache.tree import Snapshot, TreeNode
+
+NO_L3 = "none://"
+
+
+@dataclass(eq=False)
+class Prefetch:
+    """A prefetch started by :meth:`HiCache.prefetch`; finish it with ``finish_prefetch``."""
+
+    op: object
+    tokens: np.ndarray
+    base_pages: int
+    page_rows: np.ndarray | None = None
+    state_row: int | None = None
+    finished: bool = False
+    inserted_tokens: int = 0
+
+
+@dataclass(eq=False)
+class _Put:
+    nodes: list[TreeNode] = field(default_factory=list)
+    snap: Snapshot | None = None
+
+
+class L3Mixin:
+    """Prefetch and backup against an :class:`L3Store`; expects HiCache's attributes."""
+
+    def _init_l3(self) -> None:
+        cfg = self.config.storage
+        self.store: L3Store | None = None
+        self.prefetcher: Prefetcher | None = None
+        self._prefetch_rows: list[Prefetch] = []   # fetched rows awaiting the worker's settle
+        self._puts: dict[int, tuple[object, _Put]] = {}
+        if cfg.url == NO_L3:
+            return
+        self.store = L3Store(open_backend(cfg.url), self.layout.fingerprint, cfg.salt)
+        pcfg = PrefetchConfig(policy=cfg.prefetch_policy, timeout_s=cfg.prefetch_timeout_s,
+                              threshold_pages=max(1, -(-cfg.prefetch_threshold_tokens // self.page_tokens)),
+                              max_host_bytes=max(self.pools.plan.host_bytes // 2, self.pools.plan.page_bytes))
+        self.prefetcher = Prefetcher.for_layout(self.store, self.layout, pcfg)
+
+    # -- rows as buffers ----------------------------------------------------------------
+    def _host_object(self, source: str, row: int) -> torch.Tensor:
+        """One host row as a contiguous byte object (a view with page_first, else a copy)."""
+        host = self.pools.host
+        if host.host_layout == "page_first":
+            return host.object_view(source)[row]
+        parts = [host.view(s.family)[:, row].reshape(-1) for s in host.slots[source]]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
+
+    # -- prefetch -----------------------------------------------------------------------
+    def prefetch(self, match: MatchResult) -> Prefetch | None:
+        """Start looking up (in L3) the pages past the host hit; None if there is nothing to ask."""
+        if self.prefetcher is None or not match.l3_hashes:
+            return None
+        if self.pools.host.host_layout != "page_first":
+            return None  # fetches land straight in host objects; layer_first has none
+        op = self.prefetcher.start(list(match.l3_hashes), need_state=self.has_state)
+        return Prefetch(op, match.tokens, match.history_tokens // self.page_tokens)
+
+    def finish_prefetch(self, pf: Prefetch | None) -> int:
+        """Apply the prefetch policy, insert what arrived as host nodes; returns tokens added."""
+        if pf is None or pf.finished:
+            return 0 if pf is None else pf.inserted_tokens
+        pf.finished = True
+        op = pf.op
+        policy = self.config.storage.prefetch_policy
+        if policy != "best_effort":
+            timeout = None if policy == "wait_complete" else self.config.storage.prefetch_timeout_s
+            op.wait_planned(timeout)
+        if op.status.value == "planned" and not self._start_fetch(pf):
+            op.cancel()
+        result = op.take()
+        if pf.page_rows is not None:
+            self._insert_prefetched(pf, result)
+            self._prefetch_rows.append(pf)
+            self._free_settled_prefetches()
+        return pf.inserted_tokens
+
+    def _start_fetch(self, pf: Prefetch) -> bool:
+        plan = pf.op.plan
+        pages = self._alloc("host", "page", plan.pages)
+        if not pages.ok:
+            return False
+        state = None
+        if plan.state_index is not None:
+            state = self._alloc("host", "state", 1)
+            if not state.ok:
+                self._free("host", "page", pages.ids.numpy())
+                return False
+        pf.page_rows = pages.ids.numpy()
+        pf.state_row = int(state.ids[0]) if state is not None else None
+        objs = self.pools.host.object_view("page")
+        dsts = [objs[int(r)] for r in pf.page_rows]
+        sdst = self.pools.host.object_view("state")[pf.state_row] if pf.state_row is not None else None
+        pf.op.fetch(dsts, sdst)
+        return True
+
+    def _insert_prefetched(self, pf: Prefetch, result) -> None:
+        n = result.usable_pages
+        if n == 0:
+            return
+        P = self.page_tokens
+        upto = (pf.base_pages + n) * P
+        unused, last, added = self.tree.insert_host(pf.tokens[:upto], pf.page_rows[:n], start_page=pf.base_pages)
+        used = set(pf.page_rows[:n].tolist()) - set(unused.tolist())
+        pf.page_rows = np.asarray([r for r in pf.page_rows.tolist() if r not in used], np.int64)
+        for node in added:
+            node.from_l3 = node.is_shadow   # a page already on the device is no L3 hit
+            node.l3_stored = True
+        if result.state_ok and pf.state_row is not None and last is not None and last.parent is not None:
+            if last.snapshot is None or last.snapshot.empty:
+                last.snapshot = Snapshot(host_id=pf.state_row, last_access=self.tree.tick())
+                pf.state_row = None
+        self.counters.l3_prefetched_pages += len(used)
+        pf.inserted_tokens = (pf.base_pages + n) * P if used or not unused.size else 0
+
+    def _free_settled_prefetches(self) -> None:
+        keep = []
+        for pf in self._prefetch_rows:
+            if not pf.op.settled:
+                keep.append(pf)
+                continue
+            self._free("host", "page", pf.page_rows)
+            if pf.state_row is not None:
+                self._free("host", "state", [pf.state_row])
+            pf.page_rows, pf.state_row = np.zeros(0, np.int64), None
+        self._prefetch_rows = keep
+
+    # -- backup to L3 -------------------------------------------------------------------
+    def _l3_put_pages(self, nodes: list[TreeNode]) -> None:
+        if self.store is None:
+            return
+        nodes = [n for n in nodes if n.host_ids is not None and not n.l3_stored]
+        if not nodes:
+            return
+        hashes = [h for n in nodes for h in n.hashes]
+        srcs = [self._host_object("page", int(r)) for n in nodes for r in n.host_ids]
+        ticket = self.store.put_async(hashes, "page", srcs)
+        if ticket.done and ticket.dropped:
+            self.counters.l3_put_dropped += 1
+            return
+        for n in nodes:  # pin the host rows until the put has read them
+            n.l3_put = ticket
+            n.lock_host += 1
+            n.l3_stored = True
+        self._puts[id(ticket)] = (ticket, _Put(nodes=nodes))
+
+    def _l3_put_snapshot(self, node: TreeNode, snap: Snapshot) -> None:
+        if self.store is None or snap.host_id is None or snap.put_pending or not node.hashes:
+            return
+        src = self._host_object("state", snap.host_id)
+        ticket = self.store.put_async([node.hashes[-1]], "state", [src])
+        if ticket.done and ticket.dropped:
+            self.counters.l3_put_dropped += 1
+            return
+        snap.put_pending = True
+        self._puts[id(ticket)] = (ticket, _Put(snap=snap))
+
+    def _finish_put(self, put: _Put, ticket) -> None:
+        seen: set[int] = set()
+        for start in put.nodes:
+            for n in start.iter_ancestors():  # splits share the ticket with new parents
+                if n.l3_put is not ticket or n.node_id in seen:
+                    break
+                seen.add(n.node_id)
+                n.l3_put = None
+                n.lock_host -= 1
+                n.l3_stored = ticket.ok
+        if put.snap is not None:
+            put.snap.put_pending = False
+        self.counters.l3_put_objects += sum(ticket.stored or []) if ticket.ok else 0
+        self.counters.l3_put_dropped += bool(ticket.dropped)
+
+    def _poll_l3(self) -> None:
+        if self.store is None:
+            return
+        for ticket in self.store.poll_backups():
+            entry = self._puts.pop(id(ticket), None)
+            if entry is not None:
+                self._finish_put(entry[1], ticket)
+        self._free_settled_prefetches()
+
+    def _drain_l3(self, timeout: float | None) -> None:
+        if self.store is None:
+            return
+        self.store.flush(timeout)
+        for pf in self._prefetch_rows:
+            pf.op.wait_settled(timeout)
+        self._poll_l3()
+
+    def _close_l3(self) -> None:
+        if self.store is None:
+            return
+        self._drain_l3(5.0)
+        self.prefetcher.close()
+        self._free_settled_prefetches()
+        self.store.close()
+
+    def l3_stats(self) -> dict:
+        if self.store is None:
+            return {}
+        return self.store.stats(backend=False).to_dict()
