@@ -12,6 +12,7 @@ Filling and checking are vectorised torch ops, fast enough for GBs of traffic.
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -28,20 +29,18 @@ def seed_of(page_hash: bytes) -> int:
     return int.from_bytes(page_hash[:8], "little") >> 2
 
 
-def _pattern(seeds: torch.Tensor, family_index: int, layer_index: int, unit_bytes: int) -> torch.Tensor:
-    """``[len(seeds), unit_bytes]`` uint8 pattern for one family and layer."""
-    words = (unit_bytes + 7) // 8
-    base = seeds + (family_index << 40) + (layer_index << 32)
-    vals = base[:, None] + torch.arange(words, dtype=torch.int64)[None, :]
-    return vals.view(torch.uint8).reshape(len(seeds), words * 8)[:, :unit_bytes]
+# Per tier (weakly: a closed cache's pools must be freed) and source.
+_BASES: "weakref.WeakKeyDictionary[TierPools, dict]" = weakref.WeakKeyDictionary()
 
 
-def fill(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int]) -> None:
-    """Write the synthetic contents of ``seeds`` into rows ``ids`` of every family on ``source``."""
-    if len(ids) == 0:
-        return
-    idx = torch.as_tensor(np.asarray(ids, np.int64))
-    s = torch.as_tensor(np.asarray(seeds, np.int64))
+def _bases(tier: TierPools, source: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Per family on ``source``: (the pool view, as int64 words when rows allow, and the
+    ``[layers, words]`` base pattern ``(f << 40) + (l << 32) + k``). A page's contents are
+    ``base + seed``, written straight into the pool row without temporaries."""
+    per_tier = _BASES.setdefault(tier, {})
+    if source in per_tier:
+        return per_tier[source]
+    out = []
     for fi, fam in enumerate(tier.layout.families):
         if fam.index_source != source:
             continue
@@ -49,27 +48,42 @@ def fill(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int])
         unit = view.shape[2]
         if unit == 0:
             continue
-        for li in range(view.shape[0]):
-            view[li, idx] = _pattern(s, fi, li, unit).to(view.device)
+        wide = unit % 8 == 0
+        if wide:
+            view = view.view(torch.int64)
+        words = view.shape[2] if wide else (unit + 7) // 8
+        layers = torch.arange(view.shape[0], dtype=torch.int64)[:, None] << 32
+        base = (fi << 40) + layers + torch.arange(words, dtype=torch.int64)[None, :]
+        out.append((view, base.to(view.device), wide, unit))
+    per_tier[source] = out
+    return out
+
+
+def _bytes_of(base: torch.Tensor, seed: int, unit: int) -> torch.Tensor:
+    return (base + seed).view(torch.uint8).reshape(base.shape[0], -1)[:, :unit]
+
+
+def fill(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int]) -> None:
+    """Write the synthetic contents of ``seeds`` into rows ``ids`` of every family on ``source``."""
+    for view, base, wide, unit in _bases(tier, source):
+        for row, seed in zip(ids, seeds):
+            if wide:
+                torch.add(base, int(seed), out=view[:, int(row)])
+            else:
+                view[:, int(row)] = _bytes_of(base, int(seed), unit)
 
 
 def check(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int]) -> np.ndarray:
     """Per row, True if every family and layer holds the expected bytes."""
     ok = np.ones(len(ids), dtype=bool)
-    if len(ids) == 0:
-        return ok
-    idx = torch.as_tensor(np.asarray(ids, np.int64))
-    s = torch.as_tensor(np.asarray(seeds, np.int64))
-    for fi, fam in enumerate(tier.layout.families):
-        if fam.index_source != source:
-            continue
-        view = tier.view(fam.name)
-        unit = view.shape[2]
-        if unit == 0:
-            continue
-        for li in range(view.shape[0]):
-            got = view[li, idx].cpu()
-            ok &= (got == _pattern(s, fi, li, unit)).all(dim=1).numpy()
+    for view, base, wide, unit in _bases(tier, source):
+        for i, (row, seed) in enumerate(zip(ids, seeds)):
+            if not ok[i]:
+                continue
+            if wide:
+                ok[i] = torch.equal(view[:, int(row)] - base, torch.full_like(base, int(seed)))
+            else:
+                ok[i] = torch.equal(view[:, int(row)], _bytes_of(base, int(seed), unit))
     return ok
 
 

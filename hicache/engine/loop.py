@@ -101,13 +101,11 @@ class ReferenceEngine:
     ``arrival_s``, ``prompt``, ``output``) through a :class:`HiCache`."""
 
     def __init__(self, cache: HiCache, cfg: EngineConfig = EngineConfig(),
-                 progress: Callable[[int, int], None] | None = None,
-                 prefetch: Callable[[HiCache, object], int] | None = None):
+                 progress: Callable[[int, int], None] | None = None):
         self.cache = cache
         self.cfg = cfg
         self.P = cache.page_tokens
         self.progress = progress
-        self.prefetch = prefetch   # L3: fetch what it can before load; returns L3 tokens
         self.has_state = bool(cache.layout.object_bytes("state"))
         self.report = EngineReport()
 
@@ -120,16 +118,30 @@ class ReferenceEngine:
         if rec is None:
             rec = RequestRecord(req.request_id, str(req.conversation_id), int(req.turn), len(prompt))
             self._records[req.request_id] = rec
-        l3 = self.prefetch(self.cache, prompt) if self.prefetch is not None else 0
+        pf = self._prefetching.pop(req.request_id, None)
+        if pf is not None:
+            self.cache.finish_prefetch(pf)
         lease = self.cache.load(self.cache.match(prompt), start=False)
         hit = lease.resume_tokens
         rec.hit_tokens = hit
-        rec.host_hit_tokens = min(lease.loaded_tokens, hit)
-        rec.l3_hit_tokens = min(l3, rec.host_hit_tokens)
-        rec.host_hit_tokens -= rec.l3_hit_tokens
-        rec.device_hit_tokens = hit - rec.host_hit_tokens - rec.l3_hit_tokens
+        rec.l3_hit_tokens = lease.l3_tokens
+        rec.host_hit_tokens = lease.loaded_tokens - lease.l3_tokens
+        rec.device_hit_tokens = hit - lease.loaded_tokens
         rec.recomputed_tokens = len(prompt) - hit
         return _Running(req, rec, lease, tokens, len(prompt), hashes, done=hit)
+
+    def _start_prefetch(self, req) -> bool:
+        """Start an L3 prefetch for ``req`` if the host misses part of its prompt.
+
+        Returns True when the request should wait a step for it (``best_effort``: the
+        lookup runs while this step computes); other policies block in finish_prefetch.
+        """
+        m = self.cache.match(np.asarray(req.prompt, np.int32))
+        pf = self.cache.prefetch(m)
+        if pf is None:
+            return False
+        self._prefetching[req.request_id] = pf
+        return self.cache.config.storage.prefetch_policy == "best_effort"
 
     def _verify(self, run: _Running) -> None:
         n = run.lease.resume_pages
@@ -171,6 +183,8 @@ class ReferenceEngine:
     def run(self, requests: Sequence) -> EngineReport:
         t0 = time.perf_counter()
         self._records: dict[int, RequestRecord] = {}
+        self._prefetching: dict[int, object] = {}
+        deferred: list = []   # admitted, waiting one step for their L3 prefetch
         waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         waiting.reverse()  # pop() from the end = earliest arrival
         running: list[_Running] = []
@@ -180,8 +194,11 @@ class ReferenceEngine:
         # turn k's output); arrival times alone cannot know how long turn k took.
         busy: set[str] = set()
         held: dict[str, list] = {}
-        while waiting or running or retry or held:
-            while len(running) < self.cfg.max_running and (retry or waiting):
+        while waiting or running or retry or held or deferred:
+            for req in deferred:
+                running.append(self._admit(req))
+            deferred = []
+            while len(running) + len(deferred) < self.cfg.max_running and (retry or waiting):
                 if retry:
                     req = retry.pop(0)
                 elif waiting[-1].arrival_s <= now or not running:
@@ -194,7 +211,10 @@ class ReferenceEngine:
                     busy.add(conv)
                 else:
                     break
-                running.append(self._admit(req))
+                if self._start_prefetch(req):
+                    deferred.append(req)
+                else:
+                    running.append(self._admit(req))
             if not running and not retry and not waiting and held:
                 raise AssertionError("held turns with nothing running")
             self.cache.step()  # every load of this step as one batched copy

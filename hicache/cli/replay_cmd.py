@@ -1,0 +1,121 @@
+"""``hicache replay``: real multi-turn traffic through the reference engine, every tier live.
+
+    hicache replay --config PATH [--workload synthetic|sharegpt|long-context | --trace FILE]
+                   [--conversations N] [--seed S] [--storage URL] [--device-gib X] [--host-gib Y]
+                   [--retention N|none] [--json] [--plot FILE.png] [--requests-out FILE.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+from hicache.cli.common import resolve_config
+from hicache.cli.progress import Progress
+from hicache.cli.replay_report import build_summary, print_summary, write_plot, write_requests
+from hicache.config import load_config
+from hicache.errors import ConfigError
+
+GiB = 1024**3
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="replay multi-turn traffic through the reference engine",
+                       description="Run real or synthetic multi-turn conversations through a reference "
+                                   "serving loop that embeds HiCache, with every tier live, and report "
+                                   "reuse per tier, bytes moved, evictions, snapshots and byte checks.")
+    p.add_argument("--config", default="deepseek-v4-flash", help="config YAML or name (default deepseek-v4-flash)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", choices=["synthetic", "sharegpt", "long-context"], default="synthetic",
+                     help="built-in workload (default synthetic)")
+    src.add_argument("--trace", metavar="FILE.jsonl", help="a kvcache-simulator block-hash trace")
+    p.add_argument("--model", choices=["synthetic", "tiny"], default="synthetic",
+                   help="page contents: synthetic bytes (default) or the tiny DeepSeek-V4-style model")
+    p.add_argument("--conversations", type=int, default=None, help="conversations (default 100; tiny: 6)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--storage", metavar="URL", help="L3 URL (default: the config's, memory://); none:// disables L3")
+    p.add_argument("--device-gib", type=float, help="device (L1) budget in GiB")
+    p.add_argument("--host-gib", type=float, help="host (L2) budget in GiB")
+    p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
+    p.add_argument("--max-running", type=int, default=16, help="concurrent requests (default 16)")
+    p.add_argument("--prefill-tps", type=float, default=None,
+                   help="prefill tokens/s of the modelled GPU for TTFT estimates (default: the config's)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="hit rate over time per tier (needs matplotlib)")
+    p.add_argument("--requests-out", metavar="FILE.jsonl", help="one line per request, in arrival order")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=run)
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    out: dict = {}
+    if args.storage:
+        out["storage_url"] = args.storage
+    for flag, key in (("device_gib", "device_bytes"), ("host_gib", "host_bytes")):
+        v = getattr(args, flag)
+        if v is not None:
+            if v <= 0:
+                raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be > 0")
+            out[key] = int(v * GiB)
+    if args.retention is not None:
+        if args.retention.lower() in ("none", "null", "all"):
+            out["retention_interval"] = None
+        else:
+            try:
+                out["retention_interval"] = int(args.retention)
+            except ValueError:
+                raise ConfigError("--retention", args.retention, "must be a token count or 'none'") from None
+    return out
+
+
+def load_requests(args: argparse.Namespace, page_tokens: int) -> list:
+    from hicache.engine import workloads
+
+    n = args.conversations if args.conversations is not None else 100
+    if n < 1:
+        raise ConfigError("--conversations", n, "must be >= 1")
+    if args.trace:
+        return workloads.load_trace(args.trace)
+    if args.workload == "sharegpt":
+        return workloads.sharegpt(conversations=n, seed=args.seed)
+    if args.workload == "long-context":
+        return workloads.synthetic(conversations=n, seed=args.seed, preset="long-context")
+    return workloads.synthetic(conversations=n, seed=args.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model == "tiny":
+        from hicache.cli.replay_tiny import run_tiny
+
+        return run_tiny(args)
+    from hicache.cache import HiCache
+    from hicache.engine.loop import EngineConfig, ReferenceEngine
+
+    path = resolve_config(args.config)
+    over = _overrides(args)
+    retention_set = "retention_interval" in over
+    retention = over.pop("retention_interval", None)
+    layout, cfg = load_config(path, **over)
+    if retention_set:
+        cfg = dataclasses.replace(cfg, tree=dataclasses.replace(cfg.tree, retention_interval=retention))
+    if args.max_running < 1:
+        raise ConfigError("--max-running", args.max_running, "must be >= 1")
+    requests = load_requests(args, layout.page_tokens)
+    ecfg = EngineConfig(max_running=args.max_running, prefill_tokens_per_s=args.prefill_tps)
+    cache = HiCache(layout, cfg)
+    try:
+        engine = ReferenceEngine(cache, ecfg, progress=Progress("replay", len(requests), enabled=not args.quiet))
+        report = engine.run(requests)
+        summary = build_summary(cache, report, requests, layout, ecfg)
+    finally:
+        cache.close()
+    if args.requests_out:
+        write_requests(args.requests_out, report)
+    if args.plot:
+        write_plot(args.plot, report)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_summary(summary, title=f"hicache replay: {path.name}, {len(requests)} requests")
+    return 0 if summary["mismatched_pages"] == 0 else 1
