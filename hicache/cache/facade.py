@@ -151,6 +151,7 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
             loads = []
         lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * self.page_tokens,
                       page_table=[], snapshot_id=None, page_tokens=self.page_tokens,
+                      published_pages=r.pages,
                       _locked_node=node, _step=self.ctl.step)
         chain = list(node.iter_ancestors())[::-1]
         self.tree.touch(PathMatch(tuple((n, n.num_pages) for n in chain)))
@@ -226,6 +227,8 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         Returns the loads to submit, or None (nothing allocated) if there is no room.
         """
         shadows = [n for n in node.iter_ancestors() if not n.on_device][::-1]
+        if shadows and any(n.load_ticket is not None for n in node.iter_ancestors() if n.on_device):
+            return None  # never load below a copy that is still loading (it could fail)
         need = sum(n.num_pages for n in shadows)
         need_snap = snap is not None and snap.device_id is None
         for n in shadows:  # keep the source rows from host eviction while we make room

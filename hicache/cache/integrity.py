@@ -78,6 +78,15 @@ def check_cache(cache: "HiCache") -> None:
             if s is not None:
                 snap_locks[id(s)] += 1
         assert lease.published_pages <= len(lease.page_table), f"lease {lease.lease_id}: page table short"
+        chain = list(lease._locked_node.iter_ancestors())[::-1]
+        if lease.ok and all(n.on_device for n in chain):
+            tree_ids = [int(i) for n in chain for i in n.device_ids]
+            assert lease.page_table[:len(tree_ids)] == tree_ids, \
+                f"lease {lease.lease_id}: page table is not its locked chain's device pages"
+            assert set(lease.page_table[len(tree_ids):]) <= lease.owned, \
+                f"lease {lease.lease_id}: unpublished pages it does not own"
+        else:
+            assert not lease.ok, f"lease {lease.lease_id}: locked chain has pages off the device"
     for n in nodes:  # one load and one L3 put at most; splits share their tickets
         if n.load_ticket is not None:
             host_locks[n.node_id] += 1

@@ -47,7 +47,8 @@ class PublishMixin:
         if not (lease.published_pages <= num_pages <= len(lease.page_table)) or len(toks) < num_pages * P:
             raise MisuseError(f"publish of {num_pages} pages: lease has {len(lease.page_table)} pages, "
                               f"{lease.published_pages} already published, {len(toks)} tokens")
-        if not np.array_equal(toks[: lease.resume_tokens], lease.tokens[: lease.resume_tokens]):
+        fixed = max(lease.resume_tokens, lease.published_pages * P)
+        if not np.array_equal(toks[:fixed], lease.tokens[:fixed]):
             raise MisuseError("publish with tokens that differ from the lease's matched prefix")
         if snapshot_id is not None and snapshot_id not in lease._unpublished_snapshots:
             raise MisuseError(f"snapshot {snapshot_id} was not allocated for this lease")
@@ -113,7 +114,7 @@ class PublishMixin:
             self._drop_provisional(lease, prev)
         if snap.provisional_owner == lease.lease_id:
             lease._provisional = (node, snap)
-        elif self.config.write.write_policy == "write_through":
+        elif snap.provisional_owner is None and self.config.write.write_policy == "write_through":
             self._backup_snapshots([(node, snap)])
         return outcome
 
@@ -129,7 +130,8 @@ class PublishMixin:
         if snap.provisional_owner != lease.lease_id:
             return
         snap.provisional_owner = None
-        if snap.lock == 0 and not snap.backup_pending and id(snap) not in self._loading_snaps \
+        if snap.lock == 0 and not snap.backup_pending and not snap.put_pending \
+                and id(snap) not in self._loading_snaps \
                 and node.snapshot is snap:
             self._drop_snapshot(node)
             self.counters.snapshots_dropped_retention += 1

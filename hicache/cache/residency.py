@@ -135,6 +135,17 @@ class ResidencyMixin:
         return True
 
     def _evict_device_pages(self, need: int) -> int:
+        # write_back frees leaves only once they are backed up, which is what makes their
+        # parents eligible: repeat passes until enough is freed or a pass frees nothing.
+        total = 0
+        while total < need:
+            got = self._evict_device_pass(need - total)
+            if got <= 0:
+                break
+            total += got
+        return total
+
+    def _evict_device_pass(self, need: int) -> int:
         freed, to_backup = 0, []
         write_back = self.config.write.write_policy == "write_back"
         for node in device_victims(self.tree, self.strategy, busy=self._busy):
@@ -271,6 +282,7 @@ class ResidencyMixin:
         mapping = dict(zip(tag.src.tolist(), tag.dst.tolist()))
         used: set[int] = set()
         seen: set[int] = set()
+        visited: list[TreeNode] = []
         for start in tag.nodes:
             for node in start.iter_ancestors():  # a split may have moved pages to new parents
                 if node.node_id in seen or node.backup_pending == 0 or node.device_ids is None:
@@ -279,12 +291,13 @@ class ResidencyMixin:
                 if not all(i in mapping for i in ids):
                     break
                 seen.add(node.node_id)
+                visited.append(node)
                 node.backup_pending -= 1
                 if ok and node.host_ids is None:
                     node.host_ids = np.asarray([mapping[i] for i in ids], np.int64)
                     used.update(node.host_ids.tolist())
                     self.counters.backed_up_pages += len(ids)
-        self._l3_put_pages([n for n in tag.nodes if n.host_ids is not None])
+        self._l3_put_pages([n for n in visited if n.host_ids is not None])
         leftover = [d for d in tag.dst.tolist() if d not in used]
         self._free("host", "page", leftover)
         if not ok:
@@ -301,7 +314,7 @@ class ResidencyMixin:
                     break
                 if node not in done:
                     done.append(node)
-        for node in done:
+        for node in sorted(done, key=self.tree.depth_pages, reverse=True):  # children first
             node.load_ticket = None
             node.lock_host -= 1
             if not ok:
