@@ -11,7 +11,10 @@ import importlib
 
 # name -> (module, one-line help). Modules are imported lazily so a missing optional
 # dependency of one benchmark never breaks the others.
-BENCHES: dict[str, tuple[str, str]] = {}
+BENCHES: dict[str, tuple[str, str]] = {
+    "transfer": ("hicache.cli.bench_transfer",
+                 "batched D2H/H2D copies vs a contiguous memcpy and a naive per-page loop"),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

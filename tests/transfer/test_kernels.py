@@ -134,18 +134,28 @@ def test_bad_views_raise(monkeypatch):
 
 def test_pieces_are_pair_major_in_page_first_object_order():
     pools = make_pools(tiny_layout(), host_layout="page_first")
-    ids = {"page": (np.array([4, 1]), np.array([7, 2])), "state": (np.array([0]), np.array([3]))}
-    plan = CopyPlan([i for i in batch_items(pools, "d2h", ids)])
+    ids = {"page": (np.array([4, 1]), np.array([2, 7])), "state": (np.array([0]), np.array([3]))}
+    plan = CopyPlan(batch_items(pools, "d2h", ids))
     src, dst, n = build_pieces(plan, plan.segments)
+    assert int(n.sum()) == plan.nbytes and len(src) == len(dst) == len(n)
     obj = pools.host.object_view("page")
     page_bytes = obj.shape[1]
-    # Pairs sorted by destination: host page 2 first, written front to back, then page 7.
-    page_pieces = [(int(a), int(b)) for a, b in zip(dst, n)
-                   if obj.data_ptr() <= a < obj.data_ptr() + obj.numel()]
-    offsets = [a - obj.data_ptr() for a, _ in page_pieces]
-    assert offsets == sorted(offsets)
-    assert offsets[0] == 2 * page_bytes and sum(b for _, b in page_pieces) == 2 * page_bytes
-    assert int(n.sum()) == plan.nbytes
+    offsets = [int(a) - obj.data_ptr() for a in dst if obj.data_ptr() <= a < obj.data_ptr() + obj.numel()]
+    # Sorted by the device (layer_first) side: device row 1 first, so host page 7's object
+    # is written front to back, then page 2's.
+    assert offsets == sorted(offsets[: len(offsets) // 2]) + sorted(offsets[len(offsets) // 2:])
+    assert offsets[0] == 7 * page_bytes and offsets[len(offsets) // 2] == 2 * page_bytes
+    dev_c4 = pools.device.view("c4_kv")
+    c4_src = [int(a) for a in src if dev_c4.data_ptr() <= a < dev_c4.data_ptr() + dev_c4.numel()]
+    rows = [(a - dev_c4.data_ptr()) % dev_c4.stride(0) // dev_c4.stride(1) for a in c4_src]
+    assert rows == [1, 1, 4, 4]          # two layers of device row 1, then of row 4
+    # H2D into the device: sorted by destination (the device side).
+    plan = CopyPlan(batch_items(pools, "h2d", {"page": (np.array([2, 7]), np.array([4, 1])),
+                                               "state": (np.array([3]), np.array([0]))}))
+    src, dst, n = build_pieces(plan, plan.segments)
+    dst_rows = [(int(a) - dev_c4.data_ptr()) % dev_c4.stride(0) // dev_c4.stride(1) for a in dst
+                if dev_c4.data_ptr() <= a < dev_c4.data_ptr() + dev_c4.numel()]
+    assert dst_rows == [1, 1, 4, 4]
 
 
 def test_element_width_and_backend_resolution():
