@@ -54,6 +54,9 @@ class TransferController:
         probe = CopyPlan([make_row_copy(pools.device.view(f.name), pools.host.view(f.name), [], [],
                                         name=f.name) for f in layout.families])
         self.backend = resolve_backend(cfg.backend, probe)
+        self.load_granularity = cfg.load_granularity
+        if self.load_granularity == "auto":
+            self.load_granularity = "layer" if device.type == "cuda" else "batch"
         if device.type == "cuda":
             self._exec: Any = CudaExecutor(device, self.backend, fault_injector)
         else:
@@ -164,7 +167,7 @@ class TransferController:
                 items.append(make_row_copy(src_tier.view(fam.name), dst_tier.view(fam.name), s, d,
                                            name=fam.name, layer_ids=fam.layer_ids))
         plan = CopyPlan(items)
-        per_layer = direction == "h2d" and self.cfg.load_granularity == "layer"
+        per_layer = direction == "h2d" and self.load_granularity == "layer"
         batch = Batch(self._batch_seq, direction, ops, plan, plan.groups(per_layer))
         self._batch_seq += 1
         return batch

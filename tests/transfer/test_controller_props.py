@@ -25,13 +25,14 @@ DIR_TIERS = {"d2h": ("device", "host"), "h2d": ("host", "device")}
 
 class ControllerMachine(RuleBasedStateMachine):
     host_layout = "page_first"
+    granularity = "layer"
 
     def __init__(self):
         super().__init__()
         self.pools = make_pools(tiny_layout(), host_layout=self.host_layout, device_pages=6,
                                 host_pages=8, device_snapshots=4, host_snapshots=5, seed=1)
         self.ctl = TransferController(
-            self.pools, TransferConfig(max_queued_ops=6),
+            self.pools, TransferConfig(max_queued_ops=6, load_granularity=self.granularity),
             fault_injector=self._inject)
         # model: (tier, source) -> {id: {family: bytes} | None (undefined)}
         self.model = {(t, s): {} for t in TIERS for s in SOURCES}
@@ -202,6 +203,7 @@ SETTINGS = settings(max_examples=60, stateful_step_count=30, deadline=None,
 
 class LayerFirstMachine(ControllerMachine):
     host_layout = "layer_first"
+    granularity = "batch"
 
 
 TestControllerPageFirst = ControllerMachine.TestCase
