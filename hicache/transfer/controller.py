@@ -29,6 +29,7 @@ from hicache.transfer.batch import DIRECTIONS, OTHER, Batch, Op, plan_phases
 from hicache.transfer.config import TransferConfig
 from hicache.transfer.executor import CANCELLED, CpuExecutor, CudaExecutor, FaultInjector
 from hicache.transfer.handles import Ack, CopyHandle, LoadHandle, QueueFull, StepReport
+from hicache.transfer import triton_copy
 from hicache.transfer.kernels import resolve_backend
 from hicache.transfer.plan import CopyPlan, check_ids, make_row_copy
 
@@ -54,6 +55,8 @@ class TransferController:
         probe = CopyPlan([make_row_copy(pools.device.view(f.name), pools.host.view(f.name), [], [],
                                         name=f.name) for f in layout.families])
         self.backend = resolve_backend(cfg.backend, probe)
+        if self.backend == "triton" and not triton_copy.available():
+            raise MisuseError("backend 'triton' needs the triton package (pip install hicache[triton])")
         self.load_granularity = cfg.load_granularity
         if self.load_granularity == "auto":
             self.load_granularity = "layer" if device.type == "cuda" else "batch"

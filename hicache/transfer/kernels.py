@@ -117,7 +117,8 @@ def build_pieces(plan: CopyPlan, segments: Sequence[Segment]) -> tuple[np.ndarra
 
     Families that share their id pairs (one anchor) are interleaved per pair, in layout
     order, which is the byte order of a page_first object: for pair j the list holds
-    family A's layers, then family B's, ...
+    family A's layers, then family B's, ... (When both sides are layer_first the list is
+    layer-major instead, and runs of consecutive ids merge: see :func:`coalesce`.)
 
     Pairs are sorted by the id of the side stored in per-layer planes (layer_first: the
     device, or both sides with a layer_first host; then the source). Each plane is then
@@ -149,10 +150,29 @@ def build_pieces(plan: CopyPlan, segments: Sequence[Segment]) -> tuple[np.ndarra
             cols_s.append(it.src.data_ptr() + lay * it.src.stride(0) + s_ids[None, :] * it.src.stride(1))
             cols_d.append(it.dst.data_ptr() + lay * it.dst.stride(0) + d_ids[None, :] * it.dst.stride(1))
             cols_n.append(np.full((len(lays), s_ids.size), it.unit_bytes, dtype=np.int64))
-        srcs.append(np.concatenate(cols_s).T.reshape(-1))
-        dsts.append(np.concatenate(cols_d).T.reshape(-1))
-        lens.append(np.concatenate(cols_n).T.reshape(-1))
-    return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens)
+        # [layers, pairs] -> pair-major when one side is made of objects (page_first);
+        # layer-major when both sides are planes, so runs of consecutive ids coalesce.
+        planes = _plane_major(head.src) and _plane_major(head.dst)
+        for out, cols in ((srcs, cols_s), (dsts, cols_d), (lens, cols_n)):
+            block = np.concatenate(cols)
+            out.append((block if planes else block.T).reshape(-1))
+    return coalesce(np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens))
+
+
+def coalesce(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge neighbouring pieces that continue each other on both sides into one::
+
+        (s, d, n), (s + n, d + n, m)  ->  (s, d, n + m)
+
+    Freshly allocated ids are often consecutive, so a run of pages becomes one memcpy.
+    """
+    if src.size < 2:
+        return src, dst, nbytes
+    cont = (src[:-1] + nbytes[:-1] == src[1:]) & (dst[:-1] + nbytes[:-1] == dst[1:])
+    if not cont.any():
+        return src, dst, nbytes
+    starts = np.flatnonzero(np.concatenate(([True], ~cont)))
+    return src[starts], dst[starts], np.add.reduceat(nbytes, starts)
 
 
 def _plane_major(view: torch.Tensor) -> bool:

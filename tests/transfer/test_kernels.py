@@ -167,3 +167,23 @@ def test_element_width_and_backend_resolution():
                                    torch.zeros(1, 2, 4, dtype=torch.uint8), [0], [1])])
     assert resolve_backend("auto", plan) in ("native", "torch")
     assert resolve_backend("reference", plan) == "reference"
+
+
+def test_consecutive_runs_coalesce_into_one_piece_per_plane():
+    pools = make_pools(tiny_layout(), host_layout="layer_first", device_pages=8, host_pages=10)
+    ids = {"page": (np.array([3, 4, 5, 0]), np.array([6, 7, 8, 1])), "state": (np.array([], dtype=np.int64),) * 2}
+    plan = CopyPlan(batch_items(pools, "d2h", ids))
+    src, dst, n = build_pieces(plan, plan.segments)
+    planes = sum(f.num_layers for f in pools.layout.families_on("page"))
+    assert len(n) == 2 * planes                      # per plane: the run 3-5 and the single 0
+    assert int(n.sum()) == plan.nbytes
+    want = expected_after(pools, "d2h", ids)
+    copy_batch(batch_items(pools, "d2h", ids), backend="native")
+    assert all(torch.equal(pools.host.view(k), v) for k, v in want.items())
+
+
+def test_coalesce_merges_only_runs_continuing_on_both_sides():
+    from hicache.transfer.kernels import coalesce
+    s, d, n = coalesce(np.array([0, 10, 20, 40, 50]), np.array([100, 110, 130, 140, 150]),
+                       np.array([10, 10, 10, 10, 10]))
+    assert s.tolist() == [0, 20, 40] and d.tolist() == [100, 130, 140] and n.tolist() == [20, 10, 20]
