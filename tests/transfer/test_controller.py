@@ -383,3 +383,21 @@ def test_config_is_validated_and_auto_granularity_is_batch_on_cpu():
     ctl.poll()
     assert ctl.stats()["h2d"]["launches"] == 1
     ctl.shutdown()
+
+
+def test_controller_runs_the_triton_kernel_under_the_interpreter(interpret):
+    pools = make_pools(tiny_layout(), host_layout="page_first")
+    ctl = TransferController(pools, TransferConfig(backend="triton", load_granularity="layer"))
+    assert ctl.backend == "triton"
+    dev = pools.device.alloc("page", 3).ids
+    snap = pools.device.alloc("state", 2).ids
+    b = ctl.backup(dev[[2, 0, 1]])
+    s = ctl.backup(snap, source="state")
+    back = ctl.load(b.dst_ids)
+    ctl.step()
+    assert back.wait_layer(3, timeout=30) and back.wait(30) and s.wait(30)
+    assert all(a.ok for a in ctl.poll())
+    assert same(rows(pools.device, "page", back.dst_ids), rows(pools.device, "page", dev[[2, 0, 1]]))
+    assert same(rows(pools.host, "state", s.dst_ids), rows(pools.device, "state", snap))
+    ctl.shutdown()
+    pools.check_integrity()
