@@ -156,8 +156,22 @@ def _memcpy_candidates(device: torch.device, flat_dev: torch.Tensor, flat_host: 
 
 
 def _naive(src: TierPools, dst: TierPools, src_ids: dict, dst_ids: dict) -> None:
-    """The loop one writes first: every page, every family, every layer, one copy_."""
+    """The loop one writes first: every page, every family, every layer, one copy_.
+
+    Run with one torch thread: with intra-op threads each ~37 KB ``copy_`` pays an OpenMP
+    fork/join, which on a shared 2-core machine made the loop 10-100x slower and its
+    timing noise. One thread is the faster (so the stricter) baseline here.
+    """
     non_blocking = src.device.type == "cuda" or dst.device.type == "cuda"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        _naive_loop(src, dst, src_ids, dst_ids, non_blocking)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _naive_loop(src: TierPools, dst: TierPools, src_ids: dict, dst_ids: dict, non_blocking: bool) -> None:
     for fam in src.layout.families:
         sv, dv = src.view(fam.name), dst.view(fam.name)
         if sv.shape[2] == 0:
