@@ -42,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pages", type=int, default=1024, help="history pages per batch (default 1024)")
     p.add_argument("--snapshots", type=int, default=None,
                    help="state snapshots per batch (default pages/16, at least 1 if the layout has state)")
-    p.add_argument("--reps", type=int, default=5, help="timed rounds; the best is reported (default 5)")
+    p.add_argument("--reps", type=int, default=8, help="timed rounds; the best is reported (default 8)")
     p.add_argument("--device", default=None, help="cpu, cuda or auto (default: the config's device)")
     p.add_argument("--host-layout", choices=["layer_first", "page_first"], default=None,
                    help="host pool layout (default: the config's host_layout)")
