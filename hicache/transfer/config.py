@@ -25,7 +25,8 @@ class TransferConfig:
     Backups always run as one launch per batch.
     ``max_queued_ops`` / ``max_queued_bytes`` bound the ops submitted and not yet acked
     (pending plus in flight); a submission past either bound returns ``QueueFull`` and
-    allocates nothing. ``cpu_threads``: threads of one CPU copy (0 = torch's thread count).
+    allocates nothing (one op larger than the byte bound is admitted into an empty queue,
+    or it could never run). ``cpu_threads``: threads of one CPU copy (0 = torch's thread count).
     """
 
     backend: str = "auto"
