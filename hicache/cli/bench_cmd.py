@@ -14,6 +14,8 @@ import importlib
 BENCHES: dict[str, tuple[str, str]] = {
     "tree": ("hicache.cli.bench_tree", "match / load / publish cost of the radix tree for long prompts"),
     "storage": ("hicache.cli.bench_storage", "L3 put/get GB/s against redis-benchmark, memcpy or plain files"),
+    "transfer": ("hicache.cli.bench_transfer",
+                 "batched D2H/H2D copies vs a contiguous memcpy and a naive per-page loop"),
 }
 
 

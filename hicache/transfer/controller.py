@@ -29,6 +29,7 @@ from hicache.transfer.batch import DIRECTIONS, OTHER, Batch, Op, plan_phases
 from hicache.transfer.config import TransferConfig
 from hicache.transfer.executor import CANCELLED, CpuExecutor, CudaExecutor, FaultInjector
 from hicache.transfer.handles import Ack, CopyHandle, LoadHandle, QueueFull, StepReport
+from hicache.transfer import triton_copy
 from hicache.transfer.kernels import resolve_backend
 from hicache.transfer.plan import CopyPlan, check_ids, make_row_copy
 
@@ -54,6 +55,11 @@ class TransferController:
         probe = CopyPlan([make_row_copy(pools.device.view(f.name), pools.host.view(f.name), [], [],
                                         name=f.name) for f in layout.families])
         self.backend = resolve_backend(cfg.backend, probe)
+        if self.backend == "triton" and not triton_copy.available():
+            raise MisuseError("backend 'triton' needs the triton package (pip install hicache[triton])")
+        self.load_granularity = cfg.load_granularity
+        if self.load_granularity == "auto":
+            self.load_granularity = "layer" if device.type == "cuda" else "batch"
         if device.type == "cuda":
             self._exec: Any = CudaExecutor(device, self.backend, fault_injector)
         else:
@@ -164,7 +170,7 @@ class TransferController:
                 items.append(make_row_copy(src_tier.view(fam.name), dst_tier.view(fam.name), s, d,
                                            name=fam.name, layer_ids=fam.layer_ids))
         plan = CopyPlan(items)
-        per_layer = direction == "h2d" and self.cfg.load_granularity == "layer"
+        per_layer = direction == "h2d" and self.load_granularity == "layer"
         batch = Batch(self._batch_seq, direction, ops, plan, plan.groups(per_layer))
         self._batch_seq += 1
         return batch

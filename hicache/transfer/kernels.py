@@ -30,6 +30,7 @@ from hicache.transfer.config import BACKENDS
 _DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 TORCH_CHUNK_BYTES = 4 << 20  # gather buffer of the torch fallback: stays in L2/L3 cache
 SMALL_BATCH_BYTES = 2 << 20  # below this one thread copies: thread start-up would dominate
+STREAM_MIN_BYTES = 32 << 20  # from here on a copy outgrows the caches: streaming stores
 
 
 def resolve_backend(backend: str, plan: CopyPlan) -> str:
@@ -68,7 +69,7 @@ def run_segments(plan: CopyPlan, segments: Sequence[Segment], backend: str, *,
         src, dst, nbytes = build_pieces(plan, segments)
         total = int(nbytes.sum())
         n = 1 if total < SMALL_BATCH_BYTES else (threads or default_threads())
-        native.copy_pieces(src, dst, nbytes, n)
+        native.copy_pieces(src, dst, nbytes, n, stream=plan.nbytes >= STREAM_MIN_BYTES)
     elif backend == "torch":
         _run_torch(plan, segments)
     elif backend == "triton":
@@ -116,7 +117,15 @@ def build_pieces(plan: CopyPlan, segments: Sequence[Segment]) -> tuple[np.ndarra
 
     Families that share their id pairs (one anchor) are interleaved per pair, in layout
     order, which is the byte order of a page_first object: for pair j the list holds
-    family A's layers, then family B's, ... Pairs are sorted by destination id.
+    family A's layers, then family B's, ... (When both sides are layer_first the list is
+    layer-major instead, and runs of consecutive ids merge: see :func:`coalesce`.)
+
+    Pairs are sorted by the id of the side stored in per-layer planes (layer_first: the
+    device, or both sides with a layer_first host; then the source). Each plane is then
+    walked front to back while the other side gets whole objects: measured on V4-Flash
+    with 1024 scattered pages, sorting D2H by source rather than destination moved it
+    from about 0.62x to 0.73x of a streaming memcpy, and H2D is best sorted by its
+    (device) destination.
     """
     layers: dict[int, list[int]] = defaultdict(list)
     for s in segments:
@@ -132,7 +141,8 @@ def build_pieces(plan: CopyPlan, segments: Sequence[Segment]) -> tuple[np.ndarra
             groups.append((it, [(it, lays)]))
     srcs, dsts, lens = [], [], []
     for head, members in groups:
-        order = np.argsort(head.dst_ids, kind="stable")
+        by_src = _plane_major(head.src) or not _plane_major(head.dst)
+        order = np.argsort(head.src_ids if by_src else head.dst_ids, kind="stable")
         s_ids, d_ids = head.src_ids[order], head.dst_ids[order]
         cols_s, cols_d, cols_n = [], [], []
         for it, lays in members:
@@ -140,10 +150,34 @@ def build_pieces(plan: CopyPlan, segments: Sequence[Segment]) -> tuple[np.ndarra
             cols_s.append(it.src.data_ptr() + lay * it.src.stride(0) + s_ids[None, :] * it.src.stride(1))
             cols_d.append(it.dst.data_ptr() + lay * it.dst.stride(0) + d_ids[None, :] * it.dst.stride(1))
             cols_n.append(np.full((len(lays), s_ids.size), it.unit_bytes, dtype=np.int64))
-        srcs.append(np.concatenate(cols_s).T.reshape(-1))
-        dsts.append(np.concatenate(cols_d).T.reshape(-1))
-        lens.append(np.concatenate(cols_n).T.reshape(-1))
-    return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens)
+        # [layers, pairs] -> pair-major when one side is made of objects (page_first);
+        # layer-major when both sides are planes, so runs of consecutive ids coalesce.
+        planes = _plane_major(head.src) and _plane_major(head.dst)
+        for out, cols in ((srcs, cols_s), (dsts, cols_d), (lens, cols_n)):
+            block = np.concatenate(cols)
+            out.append((block if planes else block.T).reshape(-1))
+    return coalesce(np.concatenate(srcs), np.concatenate(dsts), np.concatenate(lens))
+
+
+def coalesce(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge neighbouring pieces that continue each other on both sides into one::
+
+        (s, d, n), (s + n, d + n, m)  ->  (s, d, n + m)
+
+    Freshly allocated ids are often consecutive, so a run of pages becomes one memcpy.
+    """
+    if src.size < 2:
+        return src, dst, nbytes
+    cont = (src[:-1] + nbytes[:-1] == src[1:]) & (dst[:-1] + nbytes[:-1] == dst[1:])
+    if not cont.any():
+        return src, dst, nbytes
+    starts = np.flatnonzero(np.concatenate(([True], ~cont)))
+    return src[starts], dst[starts], np.add.reduceat(nbytes, starts)
+
+
+def _plane_major(view: torch.Tensor) -> bool:
+    """True for a layer_first view: each layer is one plane of ids (stride(0) > stride(1))."""
+    return view.stride(0) > view.stride(1)
 
 
 # -- torch fallback ---------------------------------------------------------------------------

@@ -5,7 +5,9 @@ per-element indexing and need a temporary for gather-then-scatter; on this proje
 machines they run 5-10x below memcpy for KV rows. A batch here is a flat list of
 ``(src address, dst address, nbytes)`` pieces (one per layer, family and id pair, each at
 least one unit of one layer); the C loop hands them to ``memcpy`` across a few threads,
-split by bytes, so each thread streams a contiguous run of the list. ctypes releases the
+taking ~1 MiB chunks of consecutive pieces from a shared counter (a preempted thread
+delays one chunk, not half the batch); pieces of large batches are written with
+non-temporal (streaming) stores, as a large memcpy does. ctypes releases the
 GIL for the call, so the controller's worker thread copies while Python keeps scheduling.
 
 The library is a few dozen lines with no Python or torch headers, so it compiles in well
@@ -32,55 +34,143 @@ import numpy as np
 C_SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
 #include <pthread.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define HC_X86 1
+#endif
 
-typedef struct { const int64_t *src, *dst, *len; int64_t lo, hi; } hc_job;
+/* Streaming (non-temporal) copy: stores bypass the cache, so the destination's lines are
+   never read first (a plain memcpy of a 37 KB piece reads the destination too: 3 bytes of
+   traffic per byte copied instead of 2). Large contiguous memcpy does this internally;
+   scattered pieces are each too small for glibc to choose it, so we do. */
+#ifdef HC_X86
+__attribute__((target("avx2")))
+static void hc_stream_avx2(char *d, const char *s, size_t n) {
+    size_t head = (32 - ((uintptr_t)d & 31)) & 31;
+    if (head > n) head = n;
+    memcpy(d, s, head); d += head; s += head; n -= head;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
+        __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+        __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
+        __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+        _mm256_stream_si256((__m256i *)(d + i), a);
+        _mm256_stream_si256((__m256i *)(d + i + 32), b);
+        _mm256_stream_si256((__m256i *)(d + i + 64), c);
+        _mm256_stream_si256((__m256i *)(d + i + 96), e);
+    }
+    memcpy(d + i, s + i, n - i);
+}
 
-static void *hc_run(void *arg) {
-    hc_job *j = (hc_job *)arg;
-    for (int64_t i = j->lo; i < j->hi; i++) {
+static void hc_stream_sse2(char *d, const char *s, size_t n) {
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n) head = n;
+    memcpy(d, s, head); d += head; s += head; n -= head;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    memcpy(d + i, s + i, n - i);
+}
+#endif
+
+enum { HC_STREAM_MIN = 1024 };  /* below this a piece is all head and tail */
+
+/* Work is cut into chunks of consecutive pieces (about HC_CHUNK bytes each) that threads
+   take from a shared counter: a thread the OS preempts delays only its current chunk,
+   not a fixed half of the batch. */
+enum { HC_CHUNK = 1 << 20, HC_MAXT = 64 };
+
+typedef struct {
+    const int64_t *src, *dst, *len, *cuts;
+    int64_t nchunks;
+    int64_t next;  /* shared: next chunk to take */
+    int stream;
+} hc_batch;
+
+static void hc_copy_range(const hc_batch *b, int64_t lo, int64_t hi) {
+#ifdef HC_X86
+    int avx2 = __builtin_cpu_supports("avx2");
+#endif
+    for (int64_t i = lo; i < hi; i++) {
         /* Touch the next piece's first line early: pieces are scattered, so the hardware
            prefetcher cannot guess where the next one starts. */
-        if (i + 1 < j->hi) __builtin_prefetch((const void *)j->src[i + 1], 0, 0);
-        memcpy((void *)j->dst[i], (const void *)j->src[i], (size_t)j->len[i]);
+        if (i + 1 < hi) __builtin_prefetch((const void *)b->src[i + 1], 0, 0);
+        char *d = (char *)b->dst[i];
+        const char *s = (const char *)b->src[i];
+        size_t n = (size_t)b->len[i];
+#ifdef HC_X86
+        if (b->stream && n >= HC_STREAM_MIN) {
+            if (avx2) hc_stream_avx2(d, s, n); else hc_stream_sse2(d, s, n);
+            continue;
+        }
+#endif
+        memcpy(d, s, n);
     }
+}
+
+static void *hc_worker(void *arg) {
+    hc_batch *b = (hc_batch *)arg;
+    for (;;) {
+        int64_t c = __atomic_fetch_add(&b->next, 1, __ATOMIC_RELAXED);
+        if (c >= b->nchunks) break;
+        hc_copy_range(b, b->cuts[c], b->cuts[c + 1]);
+    }
+#ifdef HC_X86
+    if (b->stream) _mm_sfence();  /* streaming stores are weakly ordered: publish them */
+#endif
     return 0;
 }
 
-/* Copy count pieces src[i] -> dst[i] of len[i] bytes on up to nthreads threads. Pieces
-   are split into contiguous runs of about equal bytes. Returns 0, or -1 if a thread could
-   not be started (the caller's thread then copies that run itself: nothing is skipped). */
+/* Copy count pieces src[i] -> dst[i] of len[i] bytes on up to nthreads threads (the
+   caller's thread is one of them). stream != 0 uses non-temporal stores for pieces of at
+   least HC_STREAM_MIN bytes (x86-64; elsewhere plain memcpy). Returns 0, -1 if a thread
+   could not be started (the others, and the caller, then do its share: nothing is
+   skipped), or -2 if the chunk table could not be allocated (copied on one thread). */
 int hc_copy_pieces(const int64_t *src, const int64_t *dst, const int64_t *len,
-                   int64_t count, int nthreads) {
-    enum { MAXT = 64 };
+                   int64_t count, int nthreads, int stream) {
     if (nthreads < 1) nthreads = 1;
-    if (nthreads > MAXT) nthreads = MAXT;
-    if (count < nthreads) nthreads = count > 0 ? (int)count : 1;
+    if (nthreads > HC_MAXT) nthreads = HC_MAXT;
     int64_t total = 0;
     for (int64_t i = 0; i < count; i++) total += len[i];
-    hc_job jobs[MAXT];
-    pthread_t th[MAXT];
-    int started[MAXT] = {0};
-    int64_t i = 0, acc = 0;
-    for (int t = 0; t < nthreads; t++) {
-        int64_t target = total / nthreads * (t + 1) + (t == nthreads - 1 ? total % nthreads : 0);
-        int64_t lo = i;
-        while (i < count && (acc < target || t == nthreads - 1)) acc += len[i++];
-        jobs[t].src = src; jobs[t].dst = dst; jobs[t].len = len;
-        jobs[t].lo = lo; jobs[t].hi = i;
+    int64_t want = total / HC_CHUNK + 1;
+    if (want < 4 * (int64_t)nthreads) want = 4 * (int64_t)nthreads;
+    if (want > count) want = count;
+    int64_t *cuts = (int64_t *)malloc(sizeof(int64_t) * (size_t)(want + 1));
+    hc_batch b = {src, dst, len, cuts, 0, 0, stream};
+    if (!cuts) { b.cuts = 0; hc_copy_range(&b, 0, count); return -2; }
+    /* cut where the running byte count crosses each multiple of total / want */
+    int64_t acc = 0, c = 0;
+    cuts[0] = 0;
+    for (int64_t i = 0; i < count && c + 1 < want; i++) {
+        acc += len[i];
+        if (acc >= total / want * (c + 1)) cuts[++c] = i + 1;
     }
-    int rc = 0;
-    for (int t = 1; t < nthreads; t++) {
-        if (jobs[t].lo == jobs[t].hi) continue;
-        if (pthread_create(&th[t], 0, hc_run, &jobs[t]) == 0) started[t] = 1;
-        else { rc = -1; hc_run(&jobs[t]); }
+    if (cuts[c] != count) cuts[++c] = count;
+    b.nchunks = c;
+    pthread_t th[HC_MAXT];
+    int started[HC_MAXT] = {0}, rc = 0;
+    for (int t = 1; t < nthreads && t < b.nchunks; t++) {
+        if (pthread_create(&th[t], 0, hc_worker, &b) == 0) started[t] = 1;
+        else rc = -1;
     }
-    hc_run(&jobs[0]);
+    hc_worker(&b);
     for (int t = 1; t < nthreads; t++) if (started[t]) pthread_join(th[t], 0);
+    free(cuts);
     return rc;
 }
 
-int hc_abi_version(void) { return 1; }
+int hc_abi_version(void) { return 3; }
 """
 
 _lock = threading.Lock()
@@ -126,9 +216,9 @@ def load() -> ctypes.CDLL | None:
             if not target.is_file():
                 _build(target)
             lib = ctypes.CDLL(str(target))
-            lib.hc_copy_pieces.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+            lib.hc_copy_pieces.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int, ctypes.c_int]
             lib.hc_copy_pieces.restype = ctypes.c_int
-            assert lib.hc_abi_version() == 1, "stale native library in the cache"
+            assert lib.hc_abi_version() == 3, "stale native library in the cache"
         except (OSError, RuntimeError, subprocess.SubprocessError, AssertionError) as exc:
             _status = f"unavailable: {exc}"
             return None
@@ -143,8 +233,12 @@ def status() -> str:
     return _status
 
 
-def copy_pieces(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, threads: int) -> None:
+def copy_pieces(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, threads: int, *,
+                stream: bool = False) -> None:
     """``memcpy(dst[i], src[i], nbytes[i])`` for every i, on up to ``threads`` threads.
+
+    ``stream=True`` writes pieces of 1 KiB and more with non-temporal stores: right for
+    batches far larger than the caches, whose destination is not read again soon.
 
     The arrays are int64 addresses and lengths; the caller guarantees every range lies
     inside a live tensor it holds a reference to (see :func:`build_pieces`).
@@ -157,4 +251,5 @@ def copy_pieces(src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, threads: i
     assert src.shape == dst.shape == nbytes.shape, "piece arrays differ in length"
     if src.size == 0:
         return
-    lib.hc_copy_pieces(src.ctypes.data, dst.ctypes.data, nbytes.ctypes.data, src.size, int(threads))
+    lib.hc_copy_pieces(src.ctypes.data, dst.ctypes.data, nbytes.ctypes.data, src.size, int(threads),
+                       int(stream))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from hicache.errors import MisuseError
+from hicache.errors import ConfigError, MisuseError
 from hicache.pools import NoRoom
 from hicache.transfer import QueueFull, TransferConfig, TransferController
 from tests.transfer.conftest import make_pools, tiny_layout
@@ -366,3 +366,38 @@ def test_empty_op_is_acked(setup):
     assert h.wait(5) and h.dst_ids.tolist() == []
     ack, = ctl.poll()
     assert ack.ok and ack.tag == "nothing"
+
+
+def test_config_is_validated_and_auto_granularity_is_batch_on_cpu():
+    for bad in ({"backend": "gpu"}, {"load_granularity": "page"}, {"max_queued_ops": 0},
+                {"max_queued_bytes": 0}, {"cpu_threads": -1}, {"max_queued_ops": True}):
+        with pytest.raises(ConfigError, match="transfer."):
+            TransferConfig(**bad)
+    pools = make_pools(tiny_layout())
+    ctl = TransferController(pools)
+    assert ctl.load_granularity == "batch" and ctl.backend in ("native", "torch")
+    h = ctl.load(pools.host.alloc("page", 2).ids)
+    ctl.step()
+    assert h.wait_layer(2, timeout=5) and h.wait(5)
+    assert ctl.stats()["h2d"]["launches"] == 0          # counted when acked
+    ctl.poll()
+    assert ctl.stats()["h2d"]["launches"] == 1
+    ctl.shutdown()
+
+
+def test_controller_runs_the_triton_kernel_under_the_interpreter(interpret):
+    pools = make_pools(tiny_layout(), host_layout="page_first")
+    ctl = TransferController(pools, TransferConfig(backend="triton", load_granularity="layer"))
+    assert ctl.backend == "triton"
+    dev = pools.device.alloc("page", 3).ids
+    snap = pools.device.alloc("state", 2).ids
+    b = ctl.backup(dev[[2, 0, 1]])
+    s = ctl.backup(snap, source="state")
+    back = ctl.load(b.dst_ids)
+    ctl.step()
+    assert back.wait_layer(3, timeout=30) and back.wait(30) and s.wait(30)
+    assert all(a.ok for a in ctl.poll())
+    assert same(rows(pools.device, "page", back.dst_ids), rows(pools.device, "page", dev[[2, 0, 1]]))
+    assert same(rows(pools.host, "state", s.dst_ids), rows(pools.device, "state", snap))
+    ctl.shutdown()
+    pools.check_integrity()

@@ -12,7 +12,11 @@ from hicache.transfer.kernels import build_pieces
 from hicache.transfer.plan import CopyPlan, element_width
 from tests.transfer.conftest import make_pools, row_size_layout, snapshot, tiny_layout
 
-BACKENDS = ["native", "torch", "triton", "reference"]
+from hicache.transfer import native
+
+NATIVE = pytest.param("native", marks=pytest.mark.skipif(native.load() is None,
+                                                         reason="no C compiler for the native copy"))
+BACKENDS = [NATIVE, "torch", "triton", "reference"]
 
 
 def expected_after(pools, direction, ids):
@@ -80,7 +84,7 @@ def test_copy_rows_single_family_every_row_size(backend, interpret):
         assert torch.equal(dst, want), (backend, row_bytes)
 
 
-@pytest.mark.parametrize("backend", ["native", "triton"])
+@pytest.mark.parametrize("backend", [NATIVE, "triton"])
 def test_triton_and_native_handle_negative_address_offsets(backend, interpret):
     # The Triton kernel addresses everything relative to one base tensor, so some views
     # sit below it (negative offsets); a view that is a slice with a storage offset too.
@@ -96,11 +100,11 @@ def test_triton_and_native_handle_negative_address_offsets(backend, interpret):
 def test_empty_copy_is_a_no_op():
     src = torch.ones(2, 4, 8, dtype=torch.uint8)
     dst = torch.zeros(2, 4, 8, dtype=torch.uint8)
-    copy_rows(src, dst, [], [], backend="native")
+    copy_rows(src, dst, [], [], backend="cpu")
     assert int(dst.sum()) == 0
 
 
-@pytest.mark.parametrize("backend", ["native", "torch", "reference"])
+@pytest.mark.parametrize("backend", [NATIVE, "torch", "reference"])
 def test_bad_ids_raise_and_write_nothing(backend):
     src = torch.ones(2, 4, 8, dtype=torch.uint8)
     dst = torch.zeros(2, 5, 8, dtype=torch.uint8)
@@ -134,18 +138,28 @@ def test_bad_views_raise(monkeypatch):
 
 def test_pieces_are_pair_major_in_page_first_object_order():
     pools = make_pools(tiny_layout(), host_layout="page_first")
-    ids = {"page": (np.array([4, 1]), np.array([7, 2])), "state": (np.array([0]), np.array([3]))}
-    plan = CopyPlan([i for i in batch_items(pools, "d2h", ids)])
+    ids = {"page": (np.array([4, 1]), np.array([2, 7])), "state": (np.array([0]), np.array([3]))}
+    plan = CopyPlan(batch_items(pools, "d2h", ids))
     src, dst, n = build_pieces(plan, plan.segments)
+    assert int(n.sum()) == plan.nbytes and len(src) == len(dst) == len(n)
     obj = pools.host.object_view("page")
     page_bytes = obj.shape[1]
-    # Pairs sorted by destination: host page 2 first, written front to back, then page 7.
-    page_pieces = [(int(a), int(b)) for a, b in zip(dst, n)
-                   if obj.data_ptr() <= a < obj.data_ptr() + obj.numel()]
-    offsets = [a - obj.data_ptr() for a, _ in page_pieces]
-    assert offsets == sorted(offsets)
-    assert offsets[0] == 2 * page_bytes and sum(b for _, b in page_pieces) == 2 * page_bytes
-    assert int(n.sum()) == plan.nbytes
+    offsets = [int(a) - obj.data_ptr() for a in dst if obj.data_ptr() <= a < obj.data_ptr() + obj.numel()]
+    # Sorted by the device (layer_first) side: device row 1 first, so host page 7's object
+    # is written front to back, then page 2's.
+    assert offsets == sorted(offsets[: len(offsets) // 2]) + sorted(offsets[len(offsets) // 2:])
+    assert offsets[0] == 7 * page_bytes and offsets[len(offsets) // 2] == 2 * page_bytes
+    dev_c4 = pools.device.view("c4_kv")
+    c4_src = [int(a) for a in src if dev_c4.data_ptr() <= a < dev_c4.data_ptr() + dev_c4.numel()]
+    rows = [(a - dev_c4.data_ptr()) % dev_c4.stride(0) // dev_c4.stride(1) for a in c4_src]
+    assert rows == [1, 1, 4, 4]          # two layers of device row 1, then of row 4
+    # H2D into the device: sorted by destination (the device side).
+    plan = CopyPlan(batch_items(pools, "h2d", {"page": (np.array([2, 7]), np.array([4, 1])),
+                                               "state": (np.array([3]), np.array([0]))}))
+    src, dst, n = build_pieces(plan, plan.segments)
+    dst_rows = [(int(a) - dev_c4.data_ptr()) % dev_c4.stride(0) // dev_c4.stride(1) for a in dst
+                if dev_c4.data_ptr() <= a < dev_c4.data_ptr() + dev_c4.numel()]
+    assert dst_rows == [1, 1, 4, 4]
 
 
 def test_element_width_and_backend_resolution():
@@ -157,3 +171,23 @@ def test_element_width_and_backend_resolution():
                                    torch.zeros(1, 2, 4, dtype=torch.uint8), [0], [1])])
     assert resolve_backend("auto", plan) in ("native", "torch")
     assert resolve_backend("reference", plan) == "reference"
+
+
+def test_consecutive_runs_coalesce_into_one_piece_per_plane():
+    pools = make_pools(tiny_layout(), host_layout="layer_first", device_pages=8, host_pages=10)
+    ids = {"page": (np.array([3, 4, 5, 0]), np.array([6, 7, 8, 1])), "state": (np.array([], dtype=np.int64),) * 2}
+    plan = CopyPlan(batch_items(pools, "d2h", ids))
+    src, dst, n = build_pieces(plan, plan.segments)
+    planes = sum(f.num_layers for f in pools.layout.families_on("page"))
+    assert len(n) == 2 * planes                      # per plane: the run 3-5 and the single 0
+    assert int(n.sum()) == plan.nbytes
+    want = expected_after(pools, "d2h", ids)
+    copy_batch(batch_items(pools, "d2h", ids), backend="cpu")
+    assert all(torch.equal(pools.host.view(k), v) for k, v in want.items())
+
+
+def test_coalesce_merges_only_runs_continuing_on_both_sides():
+    from hicache.transfer.kernels import coalesce
+    s, d, n = coalesce(np.array([0, 10, 20, 40, 50]), np.array([100, 110, 130, 140, 150]),
+                       np.array([10, 10, 10, 10, 10]))
+    assert s.tolist() == [0, 20, 40] and d.tolist() == [100, 130, 140] and n.tolist() == [20, 10, 20]

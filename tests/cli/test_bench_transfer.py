@@ -1,0 +1,49 @@
+"""``hicache bench transfer``: runs end to end on a tiny layout, verifies bytes, JSON keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hicache.cli.main import main
+
+KEYS = {"memcpy_gbps", "naive_gbps", "d2h_gbps", "h2d_gbps", "d2h_ratio", "h2d_ratio", "verified", "device"}
+
+
+def test_bench_transfer_json(capsys):
+    rc = main(["bench", "transfer", "--config", "tiny-hybrid", "--pages", "48", "--reps", "1", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    data = json.loads(out)
+    assert KEYS <= data.keys()
+    assert data["verified"] is True and data["device"] == "cpu"
+    assert (data["pages"], data["snapshots"]) == (48, 3)
+    assert data["bytes"] == 48 * 384 + 3 * 1776            # tiny-hybrid object sizes
+    assert data["d2h_ratio"] == pytest.approx(data["d2h_gbps"] / data["memcpy_gbps"])
+    assert data["h2d_ratio"] == pytest.approx(data["h2d_gbps"] / data["memcpy_gbps"])
+    assert data["naive_gbps"] == max(data["naive_d2h_gbps"], data["naive_h2d_gbps"])
+    assert data["load_granularity"] == "batch"
+    assert "round 1/1" in err and "verified: True" in err   # progress goes to stderr
+
+
+def test_bench_transfer_table_layer_first(capsys):
+    rc = main(["bench", "transfer", "--config", "tiny-mha", "--pages", "16", "--reps", "1",
+               "--host-layout", "layer_first"])
+    out, _ = capsys.readouterr()
+    assert rc == 0
+    assert "hicache batched" in out and "every byte matched" in out and "layer_first" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pages", "0"], "--pages=0: must be >= 1"),
+    (["--pages", "100000000"], "host memory"),
+    (["--backend", "gpu"], "transfer.backend='gpu'"),
+    (["--config", "no-such-model"], "no such file"),
+])
+def test_bench_transfer_bad_input_is_one_line(capsys, argv, message):
+    rc = main(["bench", "transfer", "--config", "tiny-hybrid", *argv])
+    _, err = capsys.readouterr()
+    assert rc == 2
+    lines = [l for l in err.splitlines() if not l.startswith("[bench transfer")]
+    assert len(lines) == 1 and lines[0].startswith("hicache bench: error:") and message in lines[0]
