@@ -50,12 +50,14 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
     """
 
     def __init__(self, layout: CacheLayout, config: HiCacheConfig | None = None, *,
-                 transfer: TransferConfig | None = None, hash_seed: bytes = b"hicache-v1"):
+                 transfer: TransferConfig | None = None, hash_seed: bytes = b"hicache-v1",
+                 fault_injector=None):
         self.layout = layout
         self.config = config or HiCacheConfig()
         self.page_tokens = layout.page_tokens
         self.pools = build_pools(layout, self.config.pools)
-        self.ctl = TransferController(self.pools, transfer or TransferConfig())
+        # fault_injector: tests only -- called per copied layer, may raise TransferError.
+        self.ctl = TransferController(self.pools, transfer or TransferConfig(), fault_injector=fault_injector)
         self.tree = RadixTree(layout.page_tokens, hash_seed=hash_seed)
         self.strategy = get_strategy(self.config.tree.eviction)
         self.retention = RetentionPolicy(self.config.tree.retention_interval, layout.page_tokens)

@@ -105,6 +105,12 @@ class L3Mixin:
             self._free_settled_prefetches()
         return pf.inserted_tokens
 
+    def cancel_prefetch(self, pf: Prefetch | None) -> None:
+        """Give up on a prefetch that will not be finished (releases its memory budget)."""
+        if pf is not None and not pf.finished:
+            pf.finished = True
+            pf.op.cancel()
+
     def _start_fetch(self, pf: Prefetch) -> bool:
         plan = pf.op.plan
         pages = self._alloc("host", "page", plan.pages)

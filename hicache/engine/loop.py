@@ -215,8 +215,7 @@ class ReferenceEngine:
                     deferred.append(req)
                 else:
                     running.append(self._admit(req))
-            if not running and not retry and not waiting and held:
-                raise AssertionError("held turns with nothing running")
+            assert running or retry or waiting or deferred or not held, "held turns with nothing running"
             self.cache.step()  # every load of this step as one batched copy
             budget = self.cfg.step_tokens
             for run in list(running):
