@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--storage", metavar="URL", help="L3 URL (default: the config's, memory://); none:// disables L3")
     p.add_argument("--device-gib", type=float, help="device (L1) budget in GiB")
     p.add_argument("--host-gib", type=float, help="host (L2) budget in GiB")
+    p.add_argument("--device-pages", type=int, help="device budget as a page count (overrides --device-gib)")
+    p.add_argument("--host-pages", type=int, help="host budget as a page count")
+    p.add_argument("--device-snapshots", type=int, help="device state snapshots")
+    p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
     p.add_argument("--max-running", type=int, default=16, help="concurrent requests (default 16)")
     p.add_argument("--prefill-tps", type=float, default=None,
@@ -58,6 +62,12 @@ def _overrides(args: argparse.Namespace) -> dict:
             if v <= 0:
                 raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be > 0")
             out[key] = int(v * GiB)
+    for flag in ("device_pages", "host_pages", "device_snapshots", "host_snapshots"):
+        v = getattr(args, flag)
+        if v is not None:
+            if v < 0 or (v < 1 and flag.endswith("pages")):
+                raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be >= 1" if flag.endswith("pages") else "must be >= 0")
+            out[flag] = v
     if args.retention is not None:
         if args.retention.lower() in ("none", "null", "all"):
             out["retention_interval"] = None

@@ -54,7 +54,9 @@ def _bases(tier: TierPools, source: str) -> list[tuple[torch.Tensor, torch.Tenso
         words = view.shape[2] if wide else (unit + 7) // 8
         layers = torch.arange(view.shape[0], dtype=torch.int64)[:, None] << 32
         base = (fi << 40) + layers + torch.arange(words, dtype=torch.int64)[None, :]
-        out.append((view, base.to(view.device), wide, unit))
+        base = base.to(view.device)
+        # scratch: reused by check() -- fresh 1-3 MB tensors per page would cost page faults
+        out.append((view, base, wide, unit, torch.empty_like(base)))
     per_tier[source] = out
     return out
 
@@ -65,7 +67,7 @@ def _bytes_of(base: torch.Tensor, seed: int, unit: int) -> torch.Tensor:
 
 def fill(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int]) -> None:
     """Write the synthetic contents of ``seeds`` into rows ``ids`` of every family on ``source``."""
-    for view, base, wide, unit in _bases(tier, source):
+    for view, base, wide, unit, _ in _bases(tier, source):
         for row, seed in zip(ids, seeds):
             if wide:
                 torch.add(base, int(seed), out=view[:, int(row)])
@@ -76,12 +78,13 @@ def fill(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int])
 def check(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int]) -> np.ndarray:
     """Per row, True if every family and layer holds the expected bytes."""
     ok = np.ones(len(ids), dtype=bool)
-    for view, base, wide, unit in _bases(tier, source):
+    for view, base, wide, unit, scratch in _bases(tier, source):
         for i, (row, seed) in enumerate(zip(ids, seeds)):
             if not ok[i]:
                 continue
             if wide:
-                ok[i] = torch.equal(view[:, int(row)] - base, torch.full_like(base, int(seed)))
+                torch.add(base, int(seed), out=scratch)
+                ok[i] = torch.equal(view[:, int(row)], scratch)
             else:
                 ok[i] = torch.equal(view[:, int(row)], _bytes_of(base, int(seed), unit))
     return ok
