@@ -53,6 +53,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_hit_tokens": sum(r.l3_hit_tokens for r in recs),
         "recomputed_tokens": sum(r.recomputed_tokens for r in recs),
         "preemptions": report.preemptions,
+        "rejected_requests": report.rejected,
         "d2h_bytes": t["d2h"]["bytes"], "d2h_gbps": round(t["d2h"]["gbps"], 2),
         "h2d_bytes": t["h2d"]["bytes"], "h2d_gbps": round(t["h2d"]["gbps"], 2),
         "l3_put_objects": s["l3_put_objects"], "l3_put_dropped": s["l3_put_dropped"],

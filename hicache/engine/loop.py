@@ -72,6 +72,7 @@ class RequestRecord:
     verified_pages: int = 0
     mismatched_pages: int = 0
     finish_step: int = 0
+    rejected: bool = False   # needs more device pages than the device has: never run
 
 
 @dataclass
@@ -91,6 +92,7 @@ class EngineReport:
     records: list[RequestRecord] = field(default_factory=list)
     steps: int = 0
     preemptions: int = 0
+    rejected: int = 0
     verified_pages: int = 0
     mismatched_pages: int = 0
     wall_s: float = 0.0
@@ -194,6 +196,15 @@ class ReferenceEngine:
         # turn k's output); arrival times alone cannot know how long turn k took.
         busy: set[str] = set()
         held: dict[str, list] = {}
+
+        def next_turn(conv: str) -> None:
+            """A conversation's turn ended: its next held turn may start."""
+            busy.discard(conv)
+            if held.get(conv):
+                retry.append(held[conv].pop(0))
+                busy.add(conv)
+                if not held[conv]:
+                    del held[conv]
         while waiting or running or retry or held or deferred:
             for req in deferred:
                 running.append(self._admit(req))
@@ -211,6 +222,13 @@ class ReferenceEngine:
                     busy.add(conv)
                 else:
                     break
+                if -(-(len(req.prompt) + len(req.output)) // self.P) > self.cache.pools.device.capacity("page"):
+                    rec = RequestRecord(req.request_id, str(req.conversation_id), int(req.turn), len(req.prompt),
+                                        recomputed_tokens=len(req.prompt), rejected=True)
+                    self._records[req.request_id] = rec
+                    self.report.rejected += 1
+                    next_turn(str(req.conversation_id))
+                    continue
                 if self._start_prefetch(req):
                     deferred.append(req)
                 else:
@@ -243,13 +261,7 @@ class ReferenceEngine:
                         running.remove(run)
                         run.record.finish_step = self.report.steps
                         finished += 1
-                        conv = str(run.req.conversation_id)
-                        busy.discard(conv)
-                        if held.get(conv):
-                            retry.append(held[conv].pop(0))
-                            busy.add(conv)
-                            if not held[conv]:
-                                del held[conv]
+                        next_turn(str(run.req.conversation_id))
                         budget -= target - before
                         if self.progress is not None:
                             self.progress(finished, total)
