@@ -130,6 +130,7 @@ class TinyEngine:
         lease = cache.load(m)
         if not lease.wait():  # a failed host->device load: recompute from scratch
             cache.release(lease)
+            cache.poll()  # apply the failure: its destination rows go back to the pool
             self.report.load_failures += 1
             lease = cache.load(cache.match(prompt[:1]))
         return lease

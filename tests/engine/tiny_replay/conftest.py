@@ -65,3 +65,25 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# -- the two-turn scenario of the tier and negative-control tests ---------------------------
+# Conversation ``a``: turn 1 is a 70-token prompt and a 30-token answer (boundaries with a
+# snapshot at 32 and 64 = prompt end, and at 96 = finish); turn 2's prompt is turn 1's
+# prompt + answer + 20 new tokens, so it can resume at 96 and computes the other 34.
+# Between the turns, 100-token requests of other conversations push turn 1's pages out of
+# the device (10 pages) and then out of the host (16 pages).
+A_PROMPT, A_OUT = toks(1, 70), toks(2, 30)
+A2_PROMPT, A2_OUT = np.concatenate([A_PROMPT, A_OUT, toks(3, 20)]), toks(4, 10)
+RESUME = 96
+COMPUTED = len(A2_PROMPT) + len(A2_OUT) - RESUME
+FILLERS = {"device": 0, "host": 1, "l3": 3}   # fillers that make turn 2 resume from a tier
+
+
+def two_turns(cache, fillers: int, engine_cls=TinyEngine) -> TinyReport:
+    """Turn 1, ``fillers`` other requests, then turn 2 on ``engine_cls``; turn 2's report."""
+    first = serve(cache, [request(0, A_PROMPT, A_OUT, conv="a")])
+    assert_exact(first, checked=100)
+    for i in range(fillers):
+        assert_exact(serve(cache, [request(10 + i, toks(100 + 2 * i, 70), toks(101 + 2 * i, 30))]))
+    return serve(cache, [request(1, A2_PROMPT, A2_OUT, conv="a", turn=1)], engine_cls)

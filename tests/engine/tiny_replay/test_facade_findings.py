@@ -34,3 +34,27 @@ def test_a_prefetch_never_shrinks_the_hit_it_extends():
     # The L3 copies of pages 4..5 and the snapshot at 96 exist (turn 1 stored them).
     assert after.resume_tokens >= before.resume_tokens
     assert after.resume_tokens == 96
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="_ack_load resets a failed load's nodes parent-first and asserts on the "
+                          "still-loading child (hicache/cache/residency.py: reset deepest first)")
+def test_a_failed_load_of_several_shadow_nodes_is_rolled_back():
+    """Turn 1 publishes in three nodes ([0,32), [32,64), [64,96)); a filler demotes the
+    last two; turn 2's load of both fails. The failure must turn both back into shadows."""
+    from tests.engine.tiny_replay.conftest import A2_PROMPT, A_OUT, A_PROMPT
+    from tests.engine.tiny_replay.test_tiers import fail_host_loads
+
+    cache = small_cache()
+    serve(cache, [request(0, A_PROMPT, A_OUT, conv="a")])
+    serve(cache, [request(10, toks(100, 70), toks(101, 30))])
+    m = cache.match(A2_PROMPT)
+    assert (m.resume_tokens, m.device_tokens, m.host_tokens) == (96, 32, 64)
+    fail_host_loads(cache)
+    lease = cache.load(m)
+    assert not lease.wait()
+    cache.release(lease)
+    cache.drain()        # applies the failed load's ack: AssertionError in _ack_load today
+    assert cache.match(A2_PROMPT).host_tokens == 64
+    cache.check_integrity()
+    cache.close()

@@ -1,36 +1,16 @@
-"""Each tier's resume path, through the facade, is exact against a no-cache recompute.
-
-Conversation ``a``: turn 1 is a 70-token prompt and a 30-token answer (boundaries with a
-snapshot at 32 and 64 = prompt end, and at 96 = finish); turn 2's prompt is turn 1's
-prompt + answer + 20 new tokens, so it can resume at 96 and computes the other 34.
-Between the turns, 100-token requests from other conversations push turn 1's pages out
-of the device (10 pages) and then the host (16 pages).
-"""
+"""Each tier's resume path, through the facade, is exact against a no-cache recompute
+(the two-turn scenario is described in ``conftest.py``)."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from tests.engine.tiny_replay.conftest import assert_exact, request, serve, small_cache, toks
-
-A_PROMPT, A_OUT = toks(1, 70), toks(2, 30)
-A2_PROMPT, A2_OUT = np.concatenate([A_PROMPT, A_OUT, toks(3, 20)]), toks(4, 10)
-RESUME = 96
-COMPUTED = len(A2_PROMPT) + len(A2_OUT) - RESUME
-
-
-def _two_turns(cache, fillers: int):
-    """Turn 1, ``fillers`` other requests, turn 2; returns turn 2's report."""
-    first = serve(cache, [request(0, A_PROMPT, A_OUT, conv="a")])
-    assert_exact(first, checked=100)
-    for i in range(fillers):
-        assert_exact(serve(cache, [request(10 + i, toks(100 + 2 * i, 70), toks(101 + 2 * i, 30))]))
-    return serve(cache, [request(1, A2_PROMPT, A2_OUT, conv="a", turn=1)])
+from hicache.engine.tiny_serving import tiny_workload
+from tests.engine.tiny_replay.conftest import (A2_OUT, A2_PROMPT, A_OUT, A_PROMPT, COMPUTED, FILLERS, RESUME,
+                                               assert_exact, request, serve, small_cache, toks, two_turns)
 
 
 def test_resume_from_the_device_is_exact():
     cache = small_cache()
-    report = _two_turns(cache, fillers=0)
+    report = two_turns(cache, FILLERS["device"])
     rec = report.records[0]
     assert (rec.hit_tokens, rec.device_hit_tokens, rec.host_hit_tokens, rec.l3_hit_tokens) == (RESUME, RESUME, 0, 0)
     assert rec.verified_pages == RESUME // 16 + 1  # six pages and the snapshot, bit-identical
@@ -40,7 +20,7 @@ def test_resume_from_the_device_is_exact():
 
 def test_resume_from_the_host_after_device_eviction_is_exact():
     cache = small_cache()
-    report = _two_turns(cache, fillers=1)
+    report = two_turns(cache, FILLERS["host"])
     rec = report.records[0]
     s = cache.stats()
     assert s["device_demoted_pages"] > 0 and s["loaded_pages"] > 0
@@ -54,7 +34,7 @@ def test_resume_from_the_host_after_device_eviction_is_exact():
 
 def test_resume_from_l3_after_host_eviction_is_exact():
     cache = small_cache()
-    report = _two_turns(cache, fillers=3)
+    report = two_turns(cache, FILLERS["l3"])
     rec = report.records[0]
     s = cache.stats()
     assert s["host_evicted_pages"] > 0 and s["l3_prefetched_pages"] == RESUME // 16
@@ -80,8 +60,6 @@ def test_resume_from_another_caches_l3_is_exact(tmp_path):
 def test_turns_of_a_synthetic_conversation_each_resume_exactly():
     """Four turns of one conversation back to back: each resumes at the previous turn's
     finish boundary (the deepest page boundary of its prompt + answer)."""
-    from hicache.engine.tiny_serving import tiny_workload
-
     reqs = tiny_workload(1, 3, turns=(4, 4), arrival_rate=None, think_time_s=0.0)
     cache = small_cache(device_pages=32, host_pages=48)
     report = serve(cache, reqs)
@@ -90,4 +68,33 @@ def test_turns_of_a_synthetic_conversation_each_resume_exactly():
         assert rec.device_hit_tokens == rec.hit_tokens
     computed = sum(r.prompt_len + r.output_len for r in reqs) - sum(r.hit_tokens for r in report.records)
     assert_exact(report, checked=computed)
+    cache.close()
+
+
+def fail_host_loads(cache) -> None:
+    """Make every host->device copy of ``cache`` fail. HiCache builds its controller without
+    a fault hook; the CPU executor calls this one before each copy group (the transfer
+    tests install the same hook through the controller's constructor)."""
+    def fail(point):
+        if point.direction == "h2d":
+            raise RuntimeError("injected h2d fault")
+
+    cache.ctl._exec.fault_injector = fail
+
+
+def test_a_failed_host_load_recomputes_from_scratch_exactly():
+    """Turn 2's host->device load fails: the engine releases the lease and recomputes
+    everything, still exact; the cache stays consistent. (Turn 1 in chunks of 4 pages and
+    12 device pages: the filler demotes only the last node, so one node is loaded; a
+    failed load of several nodes trips a facade assertion, see test_facade_findings.)"""
+    cache = small_cache(device_pages=12)
+    assert_exact(serve(cache, [request(0, A_PROMPT, A_OUT, conv="a")], chunk_pages=4), checked=100)
+    assert_exact(serve(cache, [request(10, toks(100, 70), toks(101, 30))]))
+    assert cache.match(A2_PROMPT).host_tokens > 0
+    fail_host_loads(cache)
+    report = serve(cache, [request(1, A2_PROMPT, A2_OUT, conv="a", turn=1)])
+    rec = report.records[0]
+    assert report.load_failures == 1 and cache.stats()["load_failures"] == 1
+    assert (rec.hit_tokens, rec.recomputed_tokens) == (0, len(A2_PROMPT))
+    assert_exact(report, checked=len(A2_PROMPT) + len(A2_OUT))
     cache.close()
