@@ -70,6 +70,10 @@ def check_cache(cache: "HiCache") -> None:
     _expect("host snapshots", host_snaps, cache.pools.host.anchors["state"].used_ids())
 
     locks, host_locks, snap_locks = Counter(), Counter(), Counter()
+    for pf in cache._open_prefetches:  # an open prefetch pins the prefix it extends
+        if pf.pinned is not None:
+            for n in pf.pinned.iter_ancestors():
+                locks[n.node_id] += 1
     for lease in leases:
         assert lease._locked_node is not None, f"lease {lease.lease_id} holds no lock"
         for n in lease._locked_node.iter_ancestors():

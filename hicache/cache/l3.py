@@ -40,6 +40,7 @@ class Prefetch:
     base_pages: int
     page_rows: np.ndarray | None = None
     state_row: int | None = None
+    pinned: TreeNode | None = None   # end of the prefix the fetched pages will hang off
     finished: bool = False
     inserted_tokens: int = 0
 
@@ -58,6 +59,7 @@ class L3Mixin:
         self.store: L3Store | None = None
         self.prefetcher: Prefetcher | None = None
         self._prefetch_rows: list[Prefetch] = []   # fetched rows awaiting the worker's settle
+        self._open_prefetches: list[Prefetch] = []  # started, not finished: their prefix is pinned
         self._puts: dict[int, tuple[object, _Put]] = {}
         if cfg.url == NO_L3:
             return
@@ -83,8 +85,25 @@ class L3Mixin:
             return None
         if self.pools.host.host_layout != "page_first":
             return None  # fetches land straight in host objects; layer_first has none
+        base = match.history_tokens // self.page_tokens
+        path = self.tree.walk(match.tokens, base)
+        if path.num_pages < base:
+            return None  # the tree changed since the match: match again
+        # Pin the prefix until the fetched pages are inserted below it: making room for
+        # the fetch must not evict the very pages it extends.
+        node = self._node_at(path, base)
+        self.tree.lock(node)
         op = self.prefetcher.start(list(match.l3_hashes), need_state=self.has_state)
-        return Prefetch(op, match.tokens, match.history_tokens // self.page_tokens)
+        pf = Prefetch(op, match.tokens, base, pinned=node)
+        self._open_prefetches.append(pf)
+        return pf
+
+    def _unpin(self, pf: Prefetch) -> None:
+        if pf.pinned is not None:
+            self.tree.lock(pf.pinned, -1)
+            pf.pinned = None
+        if pf in self._open_prefetches:
+            self._open_prefetches.remove(pf)
 
     def finish_prefetch(self, pf: Prefetch | None) -> int:
         """Apply the prefetch policy, insert what arrived as host nodes; returns tokens added."""
@@ -103,6 +122,7 @@ class L3Mixin:
             self._insert_prefetched(pf, result)
             self._prefetch_rows.append(pf)
             self._free_settled_prefetches()
+        self._unpin(pf)
         return pf.inserted_tokens
 
     def cancel_prefetch(self, pf: Prefetch | None) -> None:
@@ -110,6 +130,7 @@ class L3Mixin:
         if pf is not None and not pf.finished:
             pf.finished = True
             pf.op.cancel()
+            self._unpin(pf)
 
     def _start_fetch(self, pf: Prefetch) -> bool:
         plan = pf.op.plan
@@ -226,6 +247,8 @@ class L3Mixin:
     def _close_l3(self) -> None:
         if self.store is None:
             return
+        for pf in list(self._open_prefetches):
+            self.cancel_prefetch(pf)
         self._drain_l3(5.0)
         self.prefetcher.close()
         self._free_settled_prefetches()

@@ -24,6 +24,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-running", type=int, default=4, help="concurrent requests (default 4)")
     p.add_argument("--device-pages", type=int, help="device page budget (default: small, to force pressure)")
     p.add_argument("--host-pages", type=int, help="host page budget")
+    p.add_argument("--prefetch", type=float, default=0.5,
+                   help="chance a request first prefetches from L3 (default 0.5)")
+    p.add_argument("--fault-rate", type=float, default=0.0,
+                   help="chance each copied layer fails with an injected error (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -36,7 +40,7 @@ def build_cache(args: argparse.Namespace):
     layout, cfg = load_config(resolve_config(args.config))
     # Small tiers so eviction, shadows and loads happen within a short run.
     dev_pages = args.device_pages or 24
-    host_pages = args.host_pages or 2 * dev_pages
+    host_pages = args.host_pages or dev_pages * 3 // 2
     for name, value in (("--device-pages", dev_pages), ("--host-pages", host_pages)):
         if value < 4:
             raise ConfigError(name, value, "must be at least 4 pages")
@@ -53,11 +57,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.ops < 1:
         raise ConfigError("--ops", args.ops, "must be >= 1")
+    for flag in ("prefetch", "fault_rate"):
+        v = getattr(args, flag)
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be between 0 and 1")
     if args.max_running < 1:
         raise ConfigError("--max-running", args.max_running, "must be >= 1")
     cache = build_cache(args)
     try:
-        runner = StressRunner(cache, StressConfig(ops=args.ops, seed=args.seed, max_running=args.max_running),
+        runner = StressRunner(cache, StressConfig(ops=args.ops, seed=args.seed, max_running=args.max_running,
+                                                  prefetch=args.prefetch, fault_rate=args.fault_rate),
                               progress=Progress("stress", args.ops))
         rep = runner.run()
     finally:
@@ -72,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         "host_evictions": s["host_evicted_pages"],
         "loaded_pages": s["loaded_pages"], "backed_up_pages": s["backed_up_pages"],
         "hit_rate": round(s["hit_rate"], 4), "failed_loads": rep.failed_loads,
+        "l3_prefetched_tokens": rep.l3_tokens, "l3_hit_tokens": s["l3_hit_tokens"],
+        "copy_failures": s["load_failures"] + s["backup_failures"],
         "snapshots_offered": s["snapshots_offered"], "snapshots_kept": s["snapshots_kept"],
         "snapshots_evicted": s["snapshots_evicted_device"] + s["snapshots_evicted_host"],
         "first_error": rep.first_error,

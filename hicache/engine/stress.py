@@ -22,6 +22,7 @@ import numpy as np
 
 from hicache.cache import Boundary, HiCache, Lease
 from hicache.engine import contents
+from hicache.errors import TransferError
 from hicache.tree import ROOT_HASH, chain_hashes
 
 
@@ -37,6 +38,8 @@ class StressConfig:
     chunk_pages: tuple[int, int] = (1, 3)
     follow_up: float = 0.4
     vocab: int = 50_000
+    prefetch: float = 0.5      # chance a new request first prefetches from L3
+    fault_rate: float = 0.0    # chance each copied layer fails (injected TransferError)
 
 
 @dataclass
@@ -49,6 +52,7 @@ class StressReport:
     verified_snapshots: int = 0
     mismatched_snapshots: int = 0
     failed_loads: int = 0
+    l3_tokens: int = 0
     seconds: float = 0.0
     first_error: str | None = None
     stats: dict = field(default_factory=dict)
@@ -83,6 +87,14 @@ class StressRunner:
         self.prefixes = [self._random_tokens(self.P * int(self.rng.integers(*cfg.prefix_pages, endpoint=True)))
                          for _ in range(cfg.prefixes)]
         self.has_snap = bool(cache.layout.object_bytes("state"))
+        if cfg.fault_rate > 0:
+            frng = np.random.default_rng(cfg.seed + 1)
+
+            def inject(_point) -> None:
+                if frng.random() < cfg.fault_rate:
+                    raise TransferError("injected by hicache stress")
+
+            cache.ctl.set_fault_injector(inject)
 
     def _random_tokens(self, n: int) -> np.ndarray:
         return self.rng.integers(0, self.cfg.vocab, size=n, dtype=np.int32)
@@ -102,6 +114,9 @@ class StressRunner:
         output = self._random_tokens(int(self.rng.integers(*c.output_tokens, endpoint=True)))
         tokens = np.concatenate([prompt, output])
         m = self.cache.match(prompt)
+        if m.l3_hashes and self.rng.random() < self.cfg.prefetch:
+            self.report.l3_tokens += self.cache.finish_prefetch(self.cache.prefetch(m))
+            m = self.cache.match(prompt)
         lease = self.cache.load(m)
         req = _Req(lease, tokens, len(prompt), lease.resume_tokens, self._hashes(tokens))
         self.report.requests += 1
@@ -200,6 +215,7 @@ class StressRunner:
                 self.progress(i + 1, self.cfg.ops)
         for req in list(self.running):
             self._abort(req)
+        self.cache.ctl.set_fault_injector(None)
         self.cache.drain()
         try:
             self.cache.check_integrity()

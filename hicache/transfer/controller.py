@@ -128,6 +128,13 @@ class TransferController:
         return self._queue(KINDS[direction], direction, source, src, result.ids.numpy().copy(),
                            tag, owns_dst=True)
 
+    def set_fault_injector(self, fault_injector: "FaultInjector | None") -> None:
+        """Install (or clear) a hook called per copied layer; raising fails that batch.
+
+        For stress and fault tests: failures travel the same path as real copy errors.
+        """
+        self._exec.fault_injector = fault_injector
+
     def backup(self, device_ids: object, source: str = "page", tag: Any = None) -> CopyHandle | NoRoom | QueueFull:
         """Allocate host rows and queue a D2H copy of ``device_ids`` into them.
 

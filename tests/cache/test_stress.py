@@ -31,6 +31,15 @@ def test_stress_policies(policy, layout):
     assert s["device_evicted_pages"] + s["device_demoted_pages"] > 0   # pressure happened
 
 
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_stress_with_l3_prefetch_and_copy_faults(policy):
+    rep = run(make_cache(device_pages=10, device_snaps=3, host_pages=14, host_snaps=5, write_policy=policy,
+                         retention=0), ops=500, seed=5, prefetch=0.7, fault_rate=0.05)
+    s = rep.stats
+    assert s["load_failures"] + s["backup_failures"] > 0      # faults happened ...
+    assert rep.l3_tokens > 0 and s["l3_hit_tokens"] > 0       # ... and L3 served hits
+
+
 def test_stress_hits_host_tier():
     rep = run(make_cache(device_pages=10, device_snaps=4, host_pages=40, host_snaps=16,
                          write_policy="write_through", retention=None), ops=600, seed=3)
@@ -42,8 +51,10 @@ def test_stress_hits_host_tier():
 @given(seed=st.integers(0, 10_000), device_pages=st.integers(6, 16), host_pages=st.integers(4, 30),
        snaps=st.integers(1, 5), retention=st.sampled_from([None, 0, 8]),
        policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
-       eviction=st.sampled_from(["lru", "lfu"]), running=st.integers(1, 4))
-def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention, policy, eviction, running):
-    cache = make_cache(device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
+       eviction=st.sampled_from(["lru", "lfu"]), running=st.integers(1, 4),
+       layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]))
+def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention, policy, eviction, running,
+                                layout, faults):
+    cache = make_cache(layout(), device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
                        host_snaps=snaps + 1, write_policy=policy, retention=retention, eviction=eviction)
-    run(cache, ops=150, seed=seed, max_running=running)
+    run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)

@@ -1,11 +1,11 @@
-"""A facade defect the tiny replay found (hicache/cache/l3.py, outside this package's scope).
+"""Facade defects the tiny replay found, now fixed and pinned here.
 
-``HiCache.prefetch`` does not pin the host copies of the prefix its L3 pages extend. When
+``HiCache.prefetch`` did not pin the host copies of the prefix its L3 pages extend. When
 ``_start_fetch`` allocates host rows for the fetch, host eviction may take exactly that
 prefix (LRU leaves on the host); ``tree.insert_host`` then finds the prefix gone and drops
 every fetched page. The prefetch wastes the fetch and *shrinks* the hit it was meant to
-extend. Strict xfail: when the facade is fixed this test passes, and strict turns that into
-a failure so the marker gets removed.
+extend. A failed load of several shadow nodes was rolled back parent-first and tripped an
+assertion on the child.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import pytest
 from tests.engine.tiny_replay.conftest import request, serve, small_cache, toks
 
 
-@pytest.mark.xfail(strict=True, reason="prefetch host allocation evicts the host prefix it extends "
-                                       "(hicache/cache/l3.py: lock the match's host chain during prefetch)")
 def test_a_prefetch_never_shrinks_the_hit_it_extends():
     cache = small_cache()
     a_prompt, a_out = toks(1, 70), toks(2, 30)
@@ -36,9 +34,6 @@ def test_a_prefetch_never_shrinks_the_hit_it_extends():
     assert after.resume_tokens == 96
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="_ack_load resets a failed load's nodes parent-first and asserts on the "
-                          "still-loading child (hicache/cache/residency.py: reset deepest first)")
 def test_a_failed_load_of_several_shadow_nodes_is_rolled_back():
     """Turn 1 publishes in three nodes ([0,32), [32,64), [64,96)); a filler demotes the
     last two; turn 2's load of both fails. The failure must turn both back into shadows."""
