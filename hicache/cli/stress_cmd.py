@@ -24,6 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-running", type=int, default=4, help="concurrent requests (default 4)")
     p.add_argument("--device-pages", type=int, help="device page budget (default: small, to force pressure)")
     p.add_argument("--host-pages", type=int, help="host page budget")
+    p.add_argument("--write-policy", choices=["write_through", "write_through_selective", "write_back"],
+                   help="override the config's write policy")
     p.add_argument("--prefetch", type=float, default=0.5,
                    help="chance a request first prefetches from L3 (default 0.5)")
     p.add_argument("--fault-rate", type=float, default=0.0,
@@ -49,7 +51,12 @@ def build_cache(args: argparse.Namespace):
                        host_ratio=cfg.pools.host_ratio, host_layout=cfg.pools.host_layout,
                        device_pages=dev_pages, device_snapshots=snaps,
                        host_pages=host_pages, host_snapshots=2 * snaps)
-    return HiCache(layout, dataclasses.replace(cfg, pools=pools))
+    write = cfg.write
+    if args.write_policy:
+        write = dataclasses.replace(write, write_policy=args.write_policy)
+    # The stress loop is synchronous: wait for each prefetch so L3 paths run every time.
+    storage = dataclasses.replace(cfg.storage, prefetch_policy="wait_complete")
+    return HiCache(layout, dataclasses.replace(cfg, pools=pools, write=write, storage=storage))
 
 
 def run(args: argparse.Namespace) -> int:
