@@ -22,17 +22,17 @@ from typing import NamedTuple
 
 import numpy as np
 
-from hicache.cache.l3 import L3Mixin, Prefetch
+from hicache.cache.l3 import L3Mixin
 from hicache.cache.lease import Lease
 from hicache.cache.publish import PublishMixin, as_tokens
 from hicache.cache.residency import Load, ResidencyMixin
-from hicache.cache.results import CacheStats, MatchResult, PublishResult
+from hicache.cache.results import CacheStats, MatchResult
 from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
 from hicache.pools import AllocResult, build_pools
 from hicache.transfer import TransferConfig, TransferController
-from hicache.tree import (Boundary, Decision, PathMatch, RadixTree, RetentionPolicy, Snapshot,
+from hicache.tree import (PathMatch, RadixTree, RetentionPolicy, Snapshot,
                           TreeNode, chain_hashes, get_strategy)
 
 

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from hicache.layout import CacheLayout
 from hicache.pools.anchor import AllocResult, Allocation, IndexAllocator, NoRoom, as_id_array
 from hicache.pools.config import PoolConfig, PoolPlan, plan_pools, resolve_device

@@ -8,7 +8,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 
 from tests.cache.conftest import Engine, make_cache, mha_layout, toks
 

@@ -162,7 +162,7 @@ def test_failed_copy_keeps_caller_rows_and_poisons_dependents(setup):
     rec.fail_when = lambda p: p.direction == "d2h"
     dev = pools.device.alloc("page", 2).ids
     host = pools.host.alloc("page", 2).ids
-    c = ctl.copy("d2h", "page", dev, host, tag="c")
+    ctl.copy("d2h", "page", dev, host, tag="c")
     later = ctl.load(host, tag="reads-c")        # reads what c writes: depends on it
     independent = ctl.load(pools.host.alloc("page", 1).ids, tag="free-standing")
     report = ctl.step()

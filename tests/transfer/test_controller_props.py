@@ -8,7 +8,6 @@ injected at random; dependents of a failed op must fail too, and no row may leak
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st

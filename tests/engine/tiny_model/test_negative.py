@@ -129,7 +129,6 @@ def test_a_snapshot_one_row_short_is_wrong(family):
     """A layout keeping rows_kept - 1 rows would lose the oldest row; resuming with that
     row zeroed (what a zero-initialised working area would hold) changes the logits."""
     scene = Scene()
-    fam = layout_for(CFG).family(family)
     view = f64_rows(scene.pools, family)[:, scene.pub.snapshots[B], 0]
     saved = view.clone()
     view.zero_()

@@ -11,7 +11,6 @@ assertion on the child.
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from tests.engine.tiny_replay.conftest import request, serve, small_cache, toks
 
