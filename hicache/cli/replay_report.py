@@ -113,14 +113,15 @@ def print_summary(summary: dict, *, title: str) -> None:
 
 
 def write_requests(path: str, report) -> None:
+    """One JSON line per request record (a dataclass), in arrival order."""
+    import dataclasses
+    import math
+
     with open(path, "w") as f:
         for r in report.records:
-            f.write(json.dumps({
-                "request_id": r.request_id, "conversation_id": r.conversation_id, "turn": r.turn,
-                "prompt_tokens": r.prompt_tokens, "hit_tokens": r.hit_tokens,
-                "device_hit_tokens": r.device_hit_tokens, "host_hit_tokens": r.host_hit_tokens,
-                "l3_hit_tokens": r.l3_hit_tokens, "recomputed_tokens": r.recomputed_tokens,
-                "preemptions": r.preemptions, "mismatched_pages": r.mismatched_pages}) + "\n")
+            row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
+                   for k, v in dataclasses.asdict(r).items()}
+            f.write(json.dumps(row) + "\n")
 
 
 def write_plot(path: str, report, window: int = 50) -> None:

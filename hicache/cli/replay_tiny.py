@@ -142,22 +142,8 @@ def print_summary(s: dict, *, title: str) -> None:
     print(render_table(["metric", "value"], rows, align="lr", title=title))
 
 
-def write_requests(path: str, report) -> None:
-    with open(path, "w") as f:
-        for r in report.records:
-            f.write(json.dumps({
-                "request_id": r.request_id, "conversation_id": r.conversation_id, "turn": r.turn,
-                "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
-                "hit_tokens": r.hit_tokens, "device_hit_tokens": r.device_hit_tokens,
-                "host_hit_tokens": r.host_hit_tokens, "l3_hit_tokens": r.l3_hit_tokens,
-                "recomputed_tokens": r.recomputed_tokens, "checked_tokens": r.checked_tokens,
-                "max_logit_diff": r.max_logit_diff if math.isfinite(r.max_logit_diff) else "inf",
-                "verified_pages": r.verified_pages, "mismatched_pages": r.mismatched_pages,
-                "admit_step": r.admit_step, "finish_step": r.finish_step}) + "\n")
-
-
 def run_tiny(args: argparse.Namespace) -> int:
-    from hicache.cli.replay_report import write_plot
+    from hicache.cli.replay_report import write_plot, write_requests
     from hicache.engine.tiny_model import TOLERANCE, TinyV4Config, TinyV4Model
     from hicache.engine.tiny_serving import TinyEngine, TinyEngineConfig, TinyPools, tiny_cache, tiny_workload
 

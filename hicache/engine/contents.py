@@ -100,3 +100,46 @@ def snapshot_seed(boundary_hash: bytes) -> int:
 
 def layout_sources(layout: CacheLayout) -> tuple[str, ...]:
     return tuple(s for s in ("page", "state") if layout.object_bytes(s))
+
+
+# -- what a synthetic "engine" does with a lease ------------------------------------------
+
+def verify_prefix(cache, lease, hashes: Sequence[bytes]) -> tuple[int, int, int, int]:
+    """Check the lease's borrowed pages and resume snapshot against what they must hold.
+
+    Returns ``(pages ok, pages bad, snapshots ok, snapshots bad)``.
+    """
+    n = lease.resume_pages
+    ok = check(cache.pools.device, "page", lease.page_table[:n], page_seeds(hashes[:n]))
+    snap_ok = snap_bad = 0
+    if n and lease.snapshot_id is not None and cache.layout.object_bytes("state"):
+        s = check(cache.pools.device, "state", [lease.snapshot_id], [snapshot_seed(hashes[n - 1])])
+        snap_ok, snap_bad = int(s.sum()), int((~s).sum())
+    return int(ok.sum()), int((~ok).sum()), snap_ok, snap_bad
+
+
+def compute(cache, lease, hashes: Sequence[bytes], done_tokens: int, upto_tokens: int) -> bool:
+    """"Compute" tokens ``[done, upto)``: allocate their pages and fill the whole ones.
+
+    A partial last page is filled when it completes. False if the device has no room.
+    """
+    P = cache.page_tokens
+    need = -(-upto_tokens // P) - len(lease.page_table)
+    if need > 0 and not cache.alloc_pages(lease, need).ok:
+        return False
+    lo, hi = done_tokens // P, upto_tokens // P
+    fill(cache.pools.device, "page", lease.page_table[lo:hi], page_seeds(hashes[lo:hi]))
+    return True
+
+
+def publish(cache, lease, tokens, done_tokens: int, hashes: Sequence[bytes], why) -> None:
+    """Publish every whole computed page with a snapshot for that boundary (if there is
+    room for one). A real engine captures the state as its chunk passes the boundary."""
+    pages = done_tokens // cache.page_tokens
+    sid = None
+    if pages and cache.layout.object_bytes("state"):
+        alloc = cache.alloc_snapshot(lease)
+        if alloc.ok:
+            sid = int(alloc.ids[0])
+            fill(cache.pools.device, "state", [sid], [snapshot_seed(hashes[pages - 1])])
+    cache.publish(lease, tokens[:done_tokens], pages, snapshot_id=sid, why=why)

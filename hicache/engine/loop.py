@@ -146,40 +146,47 @@ class ReferenceEngine:
         return self.cache.config.storage.prefetch_policy == "best_effort"
 
     def _verify(self, run: _Running) -> None:
-        n = run.lease.resume_pages
-        if self.cfg.verify and n:
-            ok = contents.check(self.cache.pools.device, "page", run.lease.page_table[:n],
-                                contents.page_seeds(run.hashes[:n]))
-            if self.has_state and run.lease.snapshot_id is not None:
-                ok = np.concatenate([ok, contents.check(self.cache.pools.device, "state", [run.lease.snapshot_id],
-                                                        [contents.snapshot_seed(run.hashes[n - 1])])])
-            run.record.verified_pages += int(ok.sum())
-            run.record.mismatched_pages += int((~ok).sum())
+        if self.cfg.verify:
+            good, bad, sgood, sbad = contents.verify_prefix(self.cache, run.lease, run.hashes)
+            run.record.verified_pages += good + sgood
+            run.record.mismatched_pages += bad + sbad
         run.verified = True
 
     def _compute(self, run: _Running, upto: int) -> bool:
-        need = -(-upto // self.P) - len(run.lease.page_table)
-        if need > 0 and not self.cache.alloc_pages(run.lease, need).ok:
+        if not contents.compute(self.cache, run.lease, run.hashes, run.done, upto):
             return False
-        lo, hi = run.done // self.P, upto // self.P
-        contents.fill(self.cache.pools.device, "page", run.lease.page_table[lo:hi],
-                      contents.page_seeds(run.hashes[lo:hi]))
         run.done = upto
         return True
 
     def _publish(self, run: _Running, why: Boundary) -> bool:
-        pages = run.done // self.P
-        if pages <= run.lease.published_pages and why is Boundary.PREFILL:
+        if run.done // self.P <= run.lease.published_pages and why is Boundary.PREFILL:
             return True
-        sid = None
-        if self.has_state and pages:
-            alloc = self.cache.alloc_snapshot(run.lease)
-            if alloc.ok:
-                sid = int(alloc.ids[0])
-                contents.fill(self.cache.pools.device, "state", [sid],
-                              [contents.snapshot_seed(run.hashes[pages - 1])])
-        self.cache.publish(run.lease, run.tokens[: run.done], pages, snapshot_id=sid, why=why)
+        contents.publish(self.cache, run.lease, run.tokens, run.done, run.hashes, why)
         return True
+
+    def _preempt(self, run: _Running, running: list, retry: list) -> None:
+        self.cache.release(run.lease)
+        running.remove(run)
+        run.record.preemptions += 1
+        self.report.preemptions += 1
+        retry.insert(0, run.req)
+
+    def _make_room(self, run: _Running, target: int, running: list, retry: list) -> bool:
+        """Compute up to ``target``; on no room, let in-flight copies finish (they pin
+        pages), then preempt the youngest other requests -- never the oldest, so some
+        request always makes progress (no livelock of mutual preemption)."""
+        if self._compute(run, target):
+            return True
+        self.cache.drain()
+        if self._compute(run, target):
+            return True
+        for other in sorted((r for r in running if r is not run), key=lambda r: -r.req.request_id):
+            if other.req.request_id < run.req.request_id:
+                break  # older requests keep their pages
+            self._preempt(other, running, retry)
+            if self._compute(run, target):
+                return True
+        return False
 
     # -- the loop -----------------------------------------------------------------------
     def run(self, requests: Sequence) -> EngineReport:
@@ -239,6 +246,8 @@ class ReferenceEngine:
             for run in list(running):
                 if budget <= 0:
                     break
+                if run not in running:  # preempted by an older request this step
+                    continue
                 if not run.verified:
                     if not run.lease.wait():  # a failed load: recompute from scratch
                         self.cache.release(run.lease)
@@ -251,10 +260,10 @@ class ReferenceEngine:
                     step = max(min(self.cfg.chunk_tokens, budget) // self.P * self.P, self.P)
                     target = min(run.done - run.done % self.P + step, run.prompt_len)
                     why = Boundary.PROMPT_END if target == run.prompt_len else Boundary.PREFILL
-                    ok = self._compute(run, target) and self._publish(run, why)
+                    ok = self._make_room(run, target, running, retry) and self._publish(run, why)
                 else:
                     target = min(run.done + self.cfg.decode_stride, len(run.tokens))
-                    ok = self._compute(run, target)
+                    ok = self._make_room(run, target, running, retry)
                     if ok and target == len(run.tokens):
                         self._publish(run, Boundary.FINISH)
                         self.cache.release(run.lease)
@@ -267,12 +276,8 @@ class ReferenceEngine:
                             self.progress(finished, total)
                         continue
                 budget -= run.done - before
-                if not ok:  # no device room: preempt (release, retry later)
-                    self.cache.release(run.lease)
-                    running.remove(run)
-                    run.record.preemptions += 1
-                    self.report.preemptions += 1
-                    retry.append(run.req)
+                if not ok:  # no device room even after preempting others: wait for a retry
+                    self._preempt(run, running, retry)
             self.cache.poll()
             self.report.steps += 1
             now += self._step_seconds()

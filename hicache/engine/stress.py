@@ -128,43 +128,20 @@ class StressRunner:
         self.running.append(req)
 
     def _verify_prefix(self, req: _Req) -> None:
-        n = req.lease.resume_pages
-        ok = contents.check(self.cache.pools.device, "page", req.lease.page_table[:n],
-                            contents.page_seeds(req.hashes[:n]))
-        self.report.verified_pages += int(ok.sum())
-        self.report.mismatched_pages += int((~ok).sum())
-        if self.has_snap and req.lease.snapshot_id is not None and n:
-            ok = contents.check(self.cache.pools.device, "state", [req.lease.snapshot_id],
-                                [contents.snapshot_seed(req.hashes[n - 1])])
-            self.report.verified_snapshots += int(ok.sum())
-            self.report.mismatched_snapshots += int((~ok).sum())
+        good, bad, sgood, sbad = contents.verify_prefix(self.cache, req.lease, req.hashes)
+        self.report.verified_pages += good
+        self.report.mismatched_pages += bad
+        self.report.verified_snapshots += sgood
+        self.report.mismatched_snapshots += sbad
 
     def _compute(self, req: _Req, upto_tokens: int) -> bool:
-        """Compute tokens up to ``upto_tokens``: allocate their pages and fill whole ones."""
-        need_pages = -(-upto_tokens // self.P) - len(req.lease.page_table)
-        if need_pages > 0 and not self.cache.alloc_pages(req.lease, need_pages).ok:
+        if not contents.compute(self.cache, req.lease, req.hashes, req.done_tokens, upto_tokens):
             return False
-        first, full = req.done_tokens // self.P, upto_tokens // self.P
-        # Only whole pages have final contents; a partial page is rewritten when it fills.
-        contents.fill(self.cache.pools.device, "page", req.lease.page_table[first:full],
-                      contents.page_seeds(req.hashes[first:full]))
         req.done_tokens = upto_tokens
         return True
 
     def _publish(self, req: _Req, why: Boundary) -> None:
-        """Publish every whole computed page, with a snapshot for that boundary.
-
-        (A real engine captures the state at the boundary as its chunk passes it.)
-        """
-        pages = req.done_tokens // self.P
-        sid = None
-        if self.has_snap and pages:
-            alloc = self.cache.alloc_snapshot(req.lease)
-            if alloc.ok:
-                sid = int(alloc.ids[0])
-                contents.fill(self.cache.pools.device, "state", [sid],
-                              [contents.snapshot_seed(req.hashes[pages - 1])])
-        self.cache.publish(req.lease, req.tokens[: req.done_tokens], pages, snapshot_id=sid, why=why)
+        contents.publish(self.cache, req.lease, req.tokens, req.done_tokens, req.hashes, why)
 
     def _advance(self, req: _Req) -> None:
         """One prefill chunk (page-aligned, published mid-flight), or decode + finish."""

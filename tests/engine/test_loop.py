@@ -25,7 +25,7 @@ def run(cache, reqs, **kw):
 
 def test_replay_hits_every_tier_and_verifies_every_page():
     reqs = small_chat()
-    cache = make_cache(device_pages=48, host_pages=40, device_snaps=6, host_snaps=8, retention=0)
+    cache = make_cache(device_pages=60, host_pages=80, device_snaps=8, host_snaps=16, retention=0)
     rep = run(cache, reqs, max_running=2, chunk_tokens=8, step_tokens=32, decode_stride=8)
     assert len(rep.records) == len(reqs) and rep.mismatched_pages == 0 and rep.verified_pages > 0
     tiers = {k: sum(getattr(r, k) for r in rep.records)
@@ -63,7 +63,8 @@ def test_requests_larger_than_the_device_are_rejected_not_looped():
 
 
 def test_preemption_under_device_pressure():
-    reqs = small_chat(n=8, seed=3)
+    reqs = synthetic(conversations=8, seed=3, system_prompts=2, system_len=40, user_len=(4, 20),
+                     output_len=(4, 20), turns=(2, 4), vocab_size=1000, arrival_rate=None)  # all at once
     cache = make_cache(device_pages=30, host_pages=30, device_snaps=4, host_snaps=4)
     rep = run(cache, reqs, max_running=8, chunk_tokens=4, step_tokens=16)
     assert rep.preemptions > 0 and rep.mismatched_pages == 0
