@@ -33,7 +33,7 @@ def test_stress_policies(policy, layout):
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 def test_stress_with_l3_prefetch_and_copy_faults(policy):
     rep = run(make_cache(device_pages=10, device_snaps=3, host_pages=14, host_snaps=5, write_policy=policy,
-                         retention=0), ops=500, seed=5, prefetch=0.7, fault_rate=0.05)
+                         retention=0), ops=1500, seed=5, prefetch=0.7, fault_rate=0.05)
     s = rep.stats
     assert s["load_failures"] + s["backup_failures"] > 0      # faults happened ...
     assert rep.l3_tokens > 0 and s["l3_hit_tokens"] > 0       # ... and L3 served hits
