@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 
 from hicache.cli.common import resolve_config
 from hicache.cli.progress import Progress
-from hicache.cli.replay_report import build_summary, print_summary, write_plot, write_requests
+from hicache.cli.replay_report import build_summary, emit, print_summary
 from hicache.config import load_config
 from hicache.errors import ConfigError
 
@@ -120,12 +119,6 @@ def run(args: argparse.Namespace) -> int:
         summary = build_summary(cache, report, requests, layout, ecfg)
     finally:
         cache.close()
-    if args.requests_out:
-        write_requests(args.requests_out, report)
-    if args.plot:
-        write_plot(args.plot, report)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print_summary(summary, title=f"hicache replay: {path.name}, {len(requests)} requests")
+    emit(args, summary, report,
+         lambda: print_summary(summary, title=f"hicache replay: {path.name}, {len(requests)} requests"))
     return 0 if summary["mismatched_pages"] == 0 else 1

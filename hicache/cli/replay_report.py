@@ -79,6 +79,35 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
     return out
 
 
+def hit_rows(s: dict) -> list[list[str]]:
+    """The table rows both replays share: requests, tokens, and hits per tier."""
+    pt = max(s["prompt_tokens"], 1)
+
+    def share(n):
+        return f"{n:,} ({n / pt:.1%})"
+
+    return [
+        ["requests", f"{s['requests']:,}"],
+        ["prompt tokens", f"{s['prompt_tokens']:,}"],
+        ["hit tokens (hit rate)", share(s["hit_tokens"])],
+        ["  from device", share(s["device_hit_tokens"])],
+        ["  from host", share(s["host_hit_tokens"])],
+        ["  from L3", share(s["l3_hit_tokens"])],
+    ]
+
+
+def emit(args, summary: dict, report, print_table) -> None:
+    """Write --requests-out / --plot, then the JSON object or the table."""
+    if args.requests_out:
+        write_requests(args.requests_out, report)
+    if args.plot:
+        write_plot(args.plot, report)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_table()
+
+
 def print_summary(summary: dict, *, title: str) -> None:
     s = summary
     pt = max(s["prompt_tokens"], 1)
@@ -86,13 +115,7 @@ def print_summary(summary: dict, *, title: str) -> None:
     def share(n):
         return f"{n:,} ({n / pt:.1%})"
 
-    rows = [
-        ["requests", f"{s['requests']:,}"],
-        ["prompt tokens", f"{s['prompt_tokens']:,}"],
-        ["hit tokens (hit rate)", share(s["hit_tokens"])],
-        ["  from device", share(s["device_hit_tokens"])],
-        ["  from host", share(s["host_hit_tokens"])],
-        ["  from L3", share(s["l3_hit_tokens"])],
+    rows = hit_rows(s) + [
         ["hit rate, last half of requests", f"{s['hit_rate_last_half']:.1%}"],
         ["recomputed tokens", share(s["recomputed_tokens"])],
         ["device -> host", f"{format_bytes(s['d2h_bytes'])} at {s['d2h_gbps']} GB/s"],

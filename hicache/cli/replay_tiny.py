@@ -15,12 +15,12 @@ apply and are refused. Exit status 1 when a logit differs by more than ``TOLERAN
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
 import torch
 
 from hicache.cli.progress import Progress
+from hicache.cli.replay_report import hit_rows
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
 
@@ -115,13 +115,7 @@ def print_summary(s: dict, *, title: str) -> None:
     else:
         verdict = "ok" if diff != "inf" and diff <= s["tolerance"] else "FAILED"
         diff_text = f"{diff if diff == 'inf' else format(diff, '.3g')} ({verdict})"
-    rows = [
-        ["requests", f"{s['requests']:,}"],
-        ["prompt tokens", f"{s['prompt_tokens']:,}"],
-        ["hit tokens (hit rate)", share(s["hit_tokens"])],
-        ["  from device", share(s["device_hit_tokens"])],
-        ["  from host", share(s["host_hit_tokens"])],
-        ["  from L3", share(s["l3_hit_tokens"])],
+    rows = hit_rows(s) + [
         ["recomputed tokens", share(s["recomputed_tokens"])],
         ["logits checked (tokens)", f"{s['checked_tokens']:,}"],
         [f"max |logit diff| (tolerance {s['tolerance']:g})", diff_text],
@@ -143,7 +137,7 @@ def print_summary(s: dict, *, title: str) -> None:
 
 
 def run_tiny(args: argparse.Namespace) -> int:
-    from hicache.cli.replay_report import write_plot, write_requests
+    from hicache.cli.replay_report import emit
     from hicache.engine.tiny_model import TOLERANCE, TinyV4Config, TinyV4Model
     from hicache.engine.tiny_serving import TinyEngine, TinyEngineConfig, TinyPools, tiny_cache, tiny_workload
 
@@ -163,14 +157,8 @@ def run_tiny(args: argparse.Namespace) -> int:
     finally:
         torch.set_num_threads(threads)
         cache.close()
-    if args.requests_out:
-        write_requests(args.requests_out, report)
-    if args.plot:
-        write_plot(args.plot, report)
-    if args.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print_summary(summary, title=f"hicache replay --model tiny: {len(requests)} requests, "
-                                     f"{model_cfg.num_layers} layers, {model_cfg.page_tokens}-token pages")
+    emit(args, summary, report,
+         lambda: print_summary(summary, title=f"hicache replay --model tiny: {len(requests)} requests, "
+                                              f"{model_cfg.num_layers} layers, {model_cfg.page_tokens}-token pages"))
     diff = report.max_logit_diff
     return 0 if diff <= TOLERANCE and summary["mismatched_pages"] == 0 else 1
