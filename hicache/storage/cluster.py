@@ -28,7 +28,7 @@ import threading
 from typing import Callable, Optional, Sequence
 
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
-from hicache.storage.buffers import Value, value_views
+from hicache.storage.buffers import Value, send_pieces, value_views
 from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageError, StorageProtocolError
 from hicache.storage.objects import check_key
 from hicache.storage.redis_node import RedisNode, map_exists, map_get, map_put, redis_stats
@@ -208,7 +208,7 @@ class RedisClusterBackend:
             return []
         for k in keys:
             check_key(k)
-        views = [value_views(v, writable=False) for v in values]
+        views = [send_pieces(v) for v in values]
         raw = self._run(keys, lambda node, idxs, asking: node.set_raw(
             [keys[i] for i in idxs], [views[i] for i in idxs], asking))
         return map_put(raw, self._errors, "cluster")

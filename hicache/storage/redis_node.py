@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, Sequence
 
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
-from hicache.storage.buffers import Value, value_views
+from hicache.storage.buffers import Value, send_pieces, value_views
 from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageProtocolError
 from hicache.storage.objects import check_key
 from hicache.storage.resp import (ASKING, UNAVAILABLE_CODES, Endpoint, RedisOptions, RespConnection,
@@ -267,7 +267,7 @@ class RedisBackend:
             return []
         for k in keys:
             check_key(k)
-        views = [value_views(v, writable=False) for v in values]
+        views = [send_pieces(v) for v in values]
         return map_put(self.node.set_raw(keys, views), self._errors, self.node.endpoint)
 
     def delete(self, keys: Sequence[str]) -> int:

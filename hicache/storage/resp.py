@@ -24,6 +24,7 @@ import socket
 import ssl
 from typing import Callable, Optional, Sequence, Union
 
+from hicache.storage.buffers import resolve_pieces
 from hicache.storage.faults import StorageConnectionError, StorageProtocolError, StorageTimeout
 from hicache.storage.redis_opts import Endpoint, RedisOptions
 
@@ -34,6 +35,7 @@ _CRLF = b"\r\n"
 _IOV_MAX = 512
 _DIRECT_MIN = 16 << 10   # read pieces at least this large straight into the destination
 _COALESCE_MAX = 4 << 10  # glue command pieces smaller than this into one send
+_SEND_GROUP_BYTES = 1 << 20  # set_many sends once this much payload is queued
 # Replies that mean "this server cannot serve now" rather than "this key was refused".
 UNAVAILABLE_CODES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "NOAUTH", "NOPERM",
                      "WRONGPASS", "READONLY", "NOREPLICAS")
@@ -345,9 +347,18 @@ class RespConnection:
 
     def set_many(self, keys: Sequence[str], values: Sequence[Sequence[memoryview]],
                  asking: bool = False) -> list[Reply]:
-        """Pipelined SETs sent as one gather list; replies read after the last is sent."""
+        """Pipelined SETs; every value is sent before the first reply is read.
+
+        ``values`` are :func:`~hicache.storage.buffers.send_pieces` lists: a
+        :class:`~hicache.storage.buffers.Deferred` piece (the store's header, with its
+        checksum) is made just before its value is sent, so hashing the next value
+        overlaps the server reading this one. Values go out in gather lists of at least
+        ``_SEND_GROUP_BYTES``.
+        """
         pieces: list = []
+        pending = 0
         for key, views in zip(keys, values):
+            views = resolve_pieces(views)
             kb = key.encode()
             size = sum(v.nbytes for v in views)
             if asking:
@@ -355,7 +366,12 @@ class RespConnection:
             pieces.append(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(kb), kb, size))
             pieces.extend(views)
             pieces.append(_CRLF)
-        self.send(pieces)
+            pending += size
+            if pending >= _SEND_GROUP_BYTES:
+                self.send(pieces)
+                pieces, pending = [], 0
+        if pieces:
+            self.send(pieces)
         out = []
         for _ in keys:
             if asking:

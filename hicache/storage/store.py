@@ -25,11 +25,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 from hicache.errors import MisuseError, StorageError
 from hicache.storage.backend import StorageBackend
-from hicache.storage.buffers import Buffer, byte_view
+from hicache.storage.buffers import Buffer, Deferred, byte_view
 from hicache.storage.config import L3Config
 from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounter, fault_name
 from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
@@ -225,7 +226,9 @@ class L3Store:
             return []
         views = [byte_view(s, writable=False) for s in srcs]
         keys = [self.key(h, kind) for h in hashes]
-        values = [[self.codec.header(h, kind, [v]), v] for h, v in zip(hashes, views)]
+        # Deferred headers: a streaming backend hashes each payload just before sending it.
+        values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, [v])), v]
+                  for h, v in zip(hashes, views)]
         ok, stored = self._call("put", lambda: self.backend.put(keys, values), retry=False)
         stored = list(stored) if ok else [False] * len(keys)
         good = sum(stored)

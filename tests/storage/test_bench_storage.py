@@ -55,3 +55,15 @@ def test_bad_input_is_one_line(capsys, argv, words):
     assert main(["bench", "storage", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hicache bench: error:") and words in err[0]
+
+
+def test_unreachable_server_is_a_clear_error_not_a_hang(capsys):
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["bench", "storage", "--url", f"redis://127.0.0.1:{port}/0", "--objects", "2",
+                 "--object-mib", "0.0625"]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("hicache bench: error:") and "cannot reach the store" in last
