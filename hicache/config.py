@@ -23,6 +23,7 @@ from hicache.pools import PoolConfig
 from hicache.units import parse_bytes
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+HOST_TIERS = ("inclusive", "exclusive")
 EVICTION_POLICIES = ("lru", "lfu")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
@@ -49,14 +50,30 @@ class TreeConfig:
 
 @dataclass(frozen=True)
 class WriteConfig:
-    """When device pages are backed up to the host tier."""
+    """When device pages are backed up to the host tier, and whether host keeps them.
+
+    ``host_tier``: ``inclusive`` (default) keeps a host copy after it is loaded back to the
+    device, so evicting that page again costs no copy; ``exclusive`` frees the host copy
+    once the load lands, so the device and host budgets hold *different* pages (about
+    device + host pages of distinct prefixes instead of about host pages), at the price of
+    one more device-to-host copy when the page is evicted again. Exclusive needs
+    ``write_back``: with write-through the host copy is the backup made at publish, and
+    dropping it would lose the page on eviction.
+    """
 
     write_policy: str = "write_through_selective"
     write_through_threshold: int = 2
+    host_tier: str = "inclusive"
 
     def __post_init__(self) -> None:
         if self.write_policy not in WRITE_POLICIES:
             raise ConfigError("write_policy", self.write_policy, f"must be one of {list(WRITE_POLICIES)}")
+        if self.host_tier not in HOST_TIERS:
+            raise ConfigError("host_tier", self.host_tier, f"must be one of {list(HOST_TIERS)}")
+        if self.host_tier == "exclusive" and self.write_policy != "write_back":
+            raise ConfigError("host_tier", self.host_tier,
+                              f"needs write_policy write_back (got {self.write_policy}): an exclusive "
+                              "host tier takes pages only when the device evicts them")
         t = self.write_through_threshold
         if isinstance(t, bool) or not isinstance(t, int) or t < 1:
             raise ConfigError("write_through_threshold", t, "must be an integer >= 1")
@@ -113,6 +130,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "retention_interval": ("tree", "retention_interval", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
+    "host_tier": ("write", "host_tier", None),
     "storage_url": ("storage", "url", None),
     "storage_salt": ("storage", "salt", None),
     "prefetch_policy": ("storage", "prefetch_policy", None),

@@ -222,6 +222,8 @@ class L3Mixin:
                 n.l3_put = None
                 n.lock_host -= 1
                 n.l3_stored = ticket.ok
+                if self.config.write.host_tier == "exclusive" and n.load_ticket is None:
+                    self._release_host_copy(n)  # loaded while this put read the host rows
         if put.snap is not None:
             put.snap.put_pending = False
         self.counters.l3_put_objects += sum(ticket.stored or []) if ticket.ok else 0

@@ -8,6 +8,11 @@ Device eviction of a node (leaf-first, unlocked, no copy in flight)::
     on host too        -> demote: free device ids, node becomes a shadow (still matches)
     write_back policy  -> back up now (synchronously, one batched copy), then demote
     otherwise          -> drop: free device ids, remove the node (and any shadow subtree)
+
+Exclusive host tier (``host_tier: exclusive``, with write_back): when a load from the host
+lands, the host copy it read is freed (unless another reader still holds it), so a page
+lives on one tier at a time and the two budgets add up; the device evicting it again backs
+it up again.
 """
 
 from __future__ import annotations
@@ -303,6 +308,15 @@ class ResidencyMixin:
         if not ok:
             self.counters.backup_failures += 1
 
+    def _release_host_copy(self, node: TreeNode) -> None:
+        """Exclusive tier: free ``node``'s host pages now that its device copy landed."""
+        if (node.host_ids is None or node.device_ids is None or node.lock_host
+                or node.l3_put is not None or node.backup_pending):
+            return  # another load or an L3 put still reads the host rows: the last one frees
+        self._free("host", "page", node.host_ids)
+        self.counters.host_released_pages += len(node.host_ids)
+        node.host_ids = None
+
     def _ack_load(self, tag: Load, ok: bool) -> None:
         handle = self._handles.get(id(tag))
         done: list[TreeNode] = []
@@ -314,9 +328,12 @@ class ResidencyMixin:
                     break
                 if node not in done:
                     done.append(node)
+        exclusive = ok and self.config.write.host_tier == "exclusive"
         for node in sorted(done, key=self.tree.depth_pages, reverse=True):  # children first
             node.load_ticket = None
             node.lock_host -= 1
+            if exclusive:
+                self._release_host_copy(node)
             if not ok:
                 # The device copy never arrived: back to a shadow. Dependent leases see the
                 # failure through their handles and must not publish (publish checks).
@@ -326,6 +343,12 @@ class ResidencyMixin:
                 node.device_ids = None
         if tag.snap is not None:
             self._loading_snaps.pop(id(tag.snap), None)
+            snap = tag.snap
+            if (exclusive and snap.host_id is not None and snap.device_id is not None
+                    and not snap.put_pending and not snap.backup_pending):
+                self._free("host", "state", [snap.host_id])
+                snap.host_id = None
+                self.counters.snapshots_released_host += 1
             if not ok:
                 self._free("device", "state", [tag.snap.device_id])
                 tag.snap.device_id = None

@@ -81,6 +81,7 @@ class CacheStats:
     device_evicted_pages: int = 0
     device_demoted_pages: int = 0
     host_evicted_pages: int = 0
+    host_released_pages: int = 0       # exclusive host tier: host copies freed by a load
     snapshots_offered: int = 0
     snapshots_kept: int = 0
     snapshots_provisional: int = 0
@@ -91,6 +92,7 @@ class CacheStats:
     snapshots_evicted_host: int = 0
     snapshots_backed_up: int = 0
     snapshots_loaded: int = 0
+    snapshots_released_host: int = 0   # exclusive host tier: host copies freed by a load
     l3_prefetched_pages: int = 0
     l3_put_objects: int = 0
     l3_put_dropped: int = 0

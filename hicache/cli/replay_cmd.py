@@ -41,7 +41,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device-snapshots", type=int, help="device state snapshots")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
+    p.add_argument("--write-policy", choices=["write_through", "write_through_selective", "write_back"],
+                   help="when device pages are backed up to host (default: the config's)")
+    p.add_argument("--host-tier", choices=["inclusive", "exclusive"],
+                   help="keep host copies of pages loaded back to device (inclusive) or free them "
+                        "(exclusive, needs --write-policy write_back); default: the config's")
     p.add_argument("--max-running", type=int, default=16, help="concurrent requests (default 16)")
+    p.add_argument("--admission", choices=["reserve", "greedy"], default="reserve",
+                   help="reserve: admit while running requests' final pages fit the device (default); "
+                        "greedy: admit up to --max-running and preempt when pages run out")
     p.add_argument("--prefill-tps", type=float, default=None,
                    help="prefill tokens/s of the modelled GPU for TTFT estimates (default: the config's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -67,6 +75,10 @@ def _overrides(args: argparse.Namespace) -> dict:
             if v < 0 or (v < 1 and flag.endswith("pages")):
                 raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be >= 1" if flag.endswith("pages") else "must be >= 0")
             out[flag] = v
+    if args.write_policy:
+        out["write_policy"] = args.write_policy
+    if args.host_tier:
+        out["host_tier"] = args.host_tier
     if args.retention is not None:
         if args.retention.lower() in ("none", "null", "all"):
             out["retention_interval"] = None
@@ -111,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     if args.max_running < 1:
         raise ConfigError("--max-running", args.max_running, "must be >= 1")
     requests = load_requests(args, layout.page_tokens)
-    ecfg = EngineConfig(max_running=args.max_running, prefill_tokens_per_s=args.prefill_tps)
+    ecfg = EngineConfig(max_running=args.max_running, prefill_tokens_per_s=args.prefill_tps,
+                        admission=args.admission)
     cache = HiCache(layout, cfg)
     try:
         engine = ReferenceEngine(cache, ecfg, progress=Progress("replay", len(requests), enabled=not args.quiet))

@@ -29,9 +29,19 @@ from hicache.errors import ConfigError
 from hicache.tree import ROOT_HASH, chain_hashes
 
 
+ADMISSION_POLICIES = ("reserve", "greedy")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Scheduling knobs of the reference engine.
+
+    ``admission``: ``reserve`` (default) admits a request only while the device pages that
+    running requests will hold at their finish (prompt + output each, counted whole) plus
+    its own fit the device pool, first come first served; cached prefixes fill the rest and
+    are evicted as requests grow, so no request is preempted for room. ``greedy`` admits up
+    to ``max_running`` and preempts the youngest requests when pages run out (what an
+    engine without a memory-aware scheduler does; on a small device pool it thrashes).
 
     ``prefill_tokens_per_s`` (optional) turns recomputed tokens into an estimated
     time-to-first-token; ``decode_stride`` is how many output tokens a request decodes per
@@ -45,12 +55,15 @@ class EngineConfig:
     decode_stride: int = 64
     prefill_tokens_per_s: float | None = None
     verify: bool = True
+    admission: str = "reserve"
 
     def __post_init__(self) -> None:
         for name in ("max_running", "step_tokens", "chunk_tokens", "decode_stride"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(name, v, "must be an integer >= 1")
+        if self.admission not in ADMISSION_POLICIES:
+            raise ConfigError("admission", self.admission, f"must be one of {list(ADMISSION_POLICIES)}")
         if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
             raise ConfigError("prefill_tokens_per_s", self.prefill_tokens_per_s, "must be > 0")
 
@@ -69,6 +82,7 @@ class RequestRecord:
     l3_hit_tokens: int = 0
     recomputed_tokens: int = 0
     preemptions: int = 0
+    readmission_recomputed_tokens: int = 0  # prompt tokens recomputed after a preemption
     verified_pages: int = 0
     mismatched_pages: int = 0
     finish_step: int = 0
@@ -117,7 +131,8 @@ class ReferenceEngine:
         tokens = np.concatenate([prompt, np.asarray(req.output, np.int32)])
         hashes = chain_hashes(self.cache.tree.hash_seed, ROOT_HASH, tokens, self.P)
         rec = self._records.get(req.request_id)
-        if rec is None:
+        first = rec is None
+        if first:
             rec = RequestRecord(req.request_id, str(req.conversation_id), int(req.turn), len(prompt))
             self._records[req.request_id] = rec
         pf = self._prefetching.pop(req.request_id, None)
@@ -125,12 +140,30 @@ class ReferenceEngine:
             self.cache.finish_prefetch(pf)
         lease = self.cache.load(self.cache.match(prompt), start=False)
         hit = lease.resume_tokens
-        rec.hit_tokens = hit
-        rec.l3_hit_tokens = lease.l3_tokens
-        rec.host_hit_tokens = lease.loaded_tokens - lease.l3_tokens
-        rec.device_hit_tokens = hit - lease.loaded_tokens
-        rec.recomputed_tokens = len(prompt) - hit
+        if first:
+            # Hits are what the cache offered when the request arrived. A preempted request
+            # re-admitted later resumes from pages it published itself; counting that as a
+            # hit would reward preemption, so it only adds to the recomputed work.
+            rec.hit_tokens = hit
+            rec.l3_hit_tokens = lease.l3_tokens
+            rec.host_hit_tokens = lease.loaded_tokens - lease.l3_tokens
+            rec.device_hit_tokens = hit - lease.loaded_tokens
+            rec.recomputed_tokens = len(prompt) - hit
+        else:
+            rec.readmission_recomputed_tokens += len(prompt) - hit
+        self._reserved += self._footprint(req)
         return _Running(req, rec, lease, tokens, len(prompt), hashes, done=hit)
+
+    def _footprint(self, req) -> int:
+        """Device pages ``req`` holds at its finish (prompt + output)."""
+        return -(-(len(req.prompt) + len(req.output)) // self.P)
+
+    def _fits(self, req) -> bool:
+        """Admission control: may ``req`` start now without taking others' room?"""
+        held = self._reserved + self._pending_reserve
+        if self.cfg.admission == "greedy" or held == 0:
+            return True
+        return held + self._footprint(req) <= self._device_pages
 
     def _start_prefetch(self, req) -> bool:
         """Start an L3 prefetch for ``req`` if the host misses part of its prompt.
@@ -164,8 +197,12 @@ class ReferenceEngine:
         contents.publish(self.cache, run.lease, run.tokens, run.done, run.hashes, why)
         return True
 
-    def _preempt(self, run: _Running, running: list, retry: list) -> None:
+    def _release(self, run: _Running) -> None:
         self.cache.release(run.lease)
+        self._reserved -= self._footprint(run.req)
+
+    def _preempt(self, run: _Running, running: list, retry: list) -> None:
+        self._release(run)
         running.remove(run)
         run.record.preemptions += 1
         self.report.preemptions += 1
@@ -193,6 +230,9 @@ class ReferenceEngine:
         t0 = time.perf_counter()
         self._records: dict[int, RequestRecord] = {}
         self._prefetching: dict[int, object] = {}
+        self._device_pages = self.cache.pools.device.capacity("page")
+        self._reserved = 0         # footprints of running requests
+        self._pending_reserve = 0  # footprints of requests waiting a step for a prefetch
         deferred: list = []   # admitted, waiting one step for their L3 prefetch
         waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         waiting.reverse()  # pop() from the end = earliest arrival
@@ -213,23 +253,34 @@ class ReferenceEngine:
                 if not held[conv]:
                     del held[conv]
         while waiting or running or retry or held or deferred:
+            self._pending_reserve = 0
             for req in deferred:
                 running.append(self._admit(req))
             deferred = []
             while len(running) + len(deferred) < self.cfg.max_running and (retry or waiting):
-                if retry:
-                    req = retry.pop(0)
+                from_retry = bool(retry)
+                if from_retry:
+                    req = retry[0]
                 elif waiting[-1].arrival_s <= now or not running:
-                    req = waiting.pop()
-                    now = max(now, req.arrival_s)
+                    req = waiting[-1]
                     conv = str(req.conversation_id)
-                    if conv in busy:
+                    if conv in busy:  # its previous turn is still running: hold it
+                        waiting.pop()
+                        now = max(now, req.arrival_s)
                         held.setdefault(conv, []).append(req)
                         continue
-                    busy.add(conv)
                 else:
                     break
-                if -(-(len(req.prompt) + len(req.output)) // self.P) > self.cache.pools.device.capacity("page"):
+                too_big = self._footprint(req) > self._device_pages
+                if not too_big and not self._fits(req):
+                    break  # first come, first served: wait until running requests finish
+                if from_retry:
+                    retry.pop(0)
+                else:
+                    waiting.pop()
+                    now = max(now, req.arrival_s)
+                    busy.add(str(req.conversation_id))
+                if too_big:
                     rec = RequestRecord(req.request_id, str(req.conversation_id), int(req.turn), len(req.prompt),
                                         recomputed_tokens=len(req.prompt), rejected=True)
                     self._records[req.request_id] = rec
@@ -238,6 +289,7 @@ class ReferenceEngine:
                     continue
                 if self._start_prefetch(req):
                     deferred.append(req)
+                    self._pending_reserve += self._footprint(req)
                 else:
                     running.append(self._admit(req))
             assert running or retry or waiting or deferred or not held, "held turns with nothing running"
@@ -250,7 +302,7 @@ class ReferenceEngine:
                     continue
                 if not run.verified:
                     if not run.lease.wait():  # a failed load: recompute from scratch
-                        self.cache.release(run.lease)
+                        self._release(run)
                         running.remove(run)
                         retry.append(run.req)
                         continue
@@ -266,7 +318,7 @@ class ReferenceEngine:
                     ok = self._make_room(run, target, running, retry)
                     if ok and target == len(run.tokens):
                         self._publish(run, Boundary.FINISH)
-                        self.cache.release(run.lease)
+                        self._release(run)
                         running.remove(run)
                         run.record.finish_step = self.report.steps
                         finished += 1

@@ -30,13 +30,14 @@ def mha_layout() -> CacheLayout:
 
 def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, host_snaps=16,
                write_policy="write_through", retention=None, eviction="lru", threshold=2,
-               storage="memory://", prefetch_policy="wait_complete", salt="t") -> HiCache:
+               storage="memory://", prefetch_policy="wait_complete", salt="t",
+               host_tier="inclusive") -> HiCache:
     cfg = HiCacheConfig(
         pools=PoolConfig(device="cpu", device_bytes=1 << 20, host_bytes=1 << 20,
                          device_pages=device_pages, device_snapshots=device_snaps,
                          host_pages=host_pages, host_snapshots=host_snaps),
         tree=TreeConfig(eviction=eviction, retention_interval=retention),
-        write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold),
+        write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold, host_tier=host_tier),
         storage=StorageConfig(url=storage, salt=salt, prefetch_policy=prefetch_policy,
                               prefetch_threshold_tokens=P))
     return HiCache(layout or hybrid_layout(), cfg)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hicache.cache import Boundary
-from hicache.errors import MisuseError
+from hicache.errors import ConfigError, MisuseError
 from tests.cache.conftest import P, Engine, make_cache, mha_layout, toks
 
 
@@ -221,6 +221,41 @@ def test_write_back_backs_up_only_on_eviction():
     _, lease = eng.start(a)
     eng.cache.release(lease)
     eng.cache.check_integrity()
+
+
+def test_exclusive_host_tier_moves_pages_instead_of_copying():
+    eng = Engine(make_cache(device_pages=2, host_pages=4, write_policy="write_back", host_tier="exclusive"))
+    host = eng.cache.pools.host
+    a = toks(1, 2, extra=1)
+    eng.run(a)
+    eng.run(toks(3, extra=1))                       # evicts A: backed up, now a shadow
+    na = node_of(eng.cache, a[:8])
+    assert na.is_shadow and host.num_used("page") == 2
+    assert eng.cache.counters.backed_up_pages == 2
+    _, lease = eng.start(a)                         # the load moves A back ...
+    assert na.on_host                               # ... its host rows go when the ack is processed
+    eng.cache.poll()
+    assert na.on_device and not na.on_host
+    # A's two rows freed; the one row in use is page 3, evicted to make room for A
+    assert host.num_used("page") == 1 and eng.cache.counters.host_released_pages == 2
+    assert node_of(eng.cache, toks(3)).is_shadow
+    if na.snapshot is not None:
+        assert na.snapshot.host_id is None
+    eng.cache.release(lease)
+    eng.run(toks(4, extra=1))                       # evicted again: backed up again, bytes intact
+    # A (2) + page 3 (1) + A again (2): every eviction of a page without a host copy copies it
+    assert node_of(eng.cache, a[:8]).is_shadow and eng.cache.counters.backed_up_pages == 5
+    _, lease = eng.start(a)
+    assert lease.resume_tokens == 8 and eng.verified == 4     # both loads of A checked byte for byte
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+
+
+def test_exclusive_host_tier_needs_write_back():
+    with pytest.raises(ConfigError, match="write_back"):
+        make_cache(host_tier="exclusive", write_policy="write_through")
+    with pytest.raises(ConfigError, match="host_tier"):
+        make_cache(host_tier="both", write_policy="write_back")
 
 
 def test_load_is_all_or_nothing():

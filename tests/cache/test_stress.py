@@ -20,20 +20,25 @@ def run(cache, **kw):
     return rep
 
 
-@pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
+POLICIES = [("write_through", "inclusive"), ("write_through_selective", "inclusive"),
+            ("write_back", "inclusive"), ("write_back", "exclusive")]
+
+
+@pytest.mark.parametrize("policy, tier", POLICIES)
 @pytest.mark.parametrize("layout", [hybrid_layout, mha_layout])
-def test_stress_policies(policy, layout):
+def test_stress_policies(policy, tier, layout):
     rep = run(make_cache(layout(), device_pages=12, device_snaps=4, host_pages=20, host_snaps=6,
-                         write_policy=policy, retention=0), ops=400, seed=1)
+                         write_policy=policy, host_tier=tier, retention=0), ops=400, seed=1)
     assert rep.verified_pages > 0 and rep.requests > 20
     s = rep.stats
     assert s["device_evicted_pages"] + s["device_demoted_pages"] > 0   # pressure happened
 
 
-@pytest.mark.parametrize("policy", ["write_through", "write_back"])
-def test_stress_with_l3_prefetch_and_copy_faults(policy):
+@pytest.mark.parametrize("policy, tier", [("write_through", "inclusive"), ("write_back", "inclusive"),
+                                          ("write_back", "exclusive")])
+def test_stress_with_l3_prefetch_and_copy_faults(policy, tier):
     rep = run(make_cache(device_pages=10, device_snaps=3, host_pages=14, host_snaps=5, write_policy=policy,
-                         retention=0), ops=1500, seed=5, prefetch=0.7, fault_rate=0.05)
+                         host_tier=tier, retention=0), ops=1500, seed=5, prefetch=0.7, fault_rate=0.05)
     s = rep.stats
     assert s["load_failures"] + s["backup_failures"] > 0      # faults happened ...
     assert rep.l3_tokens > 0 and s["l3_hit_tokens"] > 0       # ... and L3 served hits
@@ -49,11 +54,12 @@ def test_stress_hits_host_tier():
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), device_pages=st.integers(6, 16), host_pages=st.integers(4, 30),
        snaps=st.integers(1, 5), retention=st.sampled_from([None, 0, 8]),
-       policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+       policy=st.sampled_from(POLICIES),
        eviction=st.sampled_from(["lru", "lfu"]), running=st.integers(1, 4),
        layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]))
 def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention, policy, eviction, running,
                                 layout, faults):
     cache = make_cache(layout(), device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
-                       host_snaps=snaps + 1, write_policy=policy, retention=retention, eviction=eviction)
+                       host_snaps=snaps + 1, write_policy=policy[0], host_tier=policy[1], retention=retention,
+                       eviction=eviction)
     run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)

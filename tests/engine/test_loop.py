@@ -66,7 +66,41 @@ def test_preemption_under_device_pressure():
     reqs = synthetic(conversations=8, seed=3, system_prompts=2, system_len=40, user_len=(4, 20),
                      output_len=(4, 20), turns=(2, 4), vocab_size=1000, arrival_rate=None)  # all at once
     cache = make_cache(device_pages=30, host_pages=30, device_snaps=4, host_snaps=4)
-    rep = run(cache, reqs, max_running=8, chunk_tokens=4, step_tokens=16)
+    rep = run(cache, reqs, max_running=8, chunk_tokens=4, step_tokens=16, admission="greedy")
     assert rep.preemptions > 0 and rep.mismatched_pages == 0
     assert len(rep.records) == len(reqs)
     assert np.all([r.hit_tokens <= r.prompt_tokens for r in rep.records])
+
+
+def test_reserve_admission_runs_the_same_pressure_without_preemption():
+    reqs = synthetic(conversations=8, seed=3, system_prompts=2, system_len=40, user_len=(4, 20),
+                     output_len=(4, 20), turns=(2, 4), vocab_size=1000, arrival_rate=None)
+    cache = make_cache(device_pages=30, host_pages=30, device_snaps=4, host_snaps=4)
+    rep = run(cache, reqs, max_running=8, chunk_tokens=4, step_tokens=16)  # admission="reserve"
+    assert rep.preemptions == 0 and rep.mismatched_pages == 0 and rep.verified_pages > 0
+    assert len(rep.records) == len(reqs)
+    too_big = {q.request_id for q in reqs if -(-(len(q.prompt) + len(q.output)) // 4) > 30}
+    assert {r.request_id for r in rep.records if r.rejected} == too_big
+    for r in rep.records:  # hits are what the cache offered at arrival
+        assert r.hit_tokens + r.recomputed_tokens == r.prompt_tokens
+        assert r.readmission_recomputed_tokens == 0
+
+
+def test_greedy_admission_counts_hits_at_first_admission_only():
+    reqs = synthetic(conversations=8, seed=3, system_prompts=2, system_len=40, user_len=(4, 20),
+                     output_len=(4, 20), turns=(2, 4), vocab_size=1000, arrival_rate=None)
+    cache = make_cache(device_pages=30, host_pages=30, device_snaps=4, host_snaps=4)
+    rep = run(cache, reqs, max_running=8, chunk_tokens=4, step_tokens=16, admission="greedy")
+    preempted = [r for r in rep.records if r.preemptions]
+    assert preempted and sum(r.readmission_recomputed_tokens for r in preempted) > 0
+    for r in rep.records:
+        assert r.hit_tokens + r.recomputed_tokens == r.prompt_tokens
+
+
+def test_unknown_admission_policy_is_a_config_error():
+    import pytest
+
+    from hicache.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="admission"):
+        EngineConfig(admission="fifo")
