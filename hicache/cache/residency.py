@@ -163,6 +163,11 @@ class ResidencyMixin:
                 freed += node.num_pages
         if to_backup:
             self._backup_nodes(to_backup, sync=True)
+            # The boundary state goes down with the pages: without it a host (and later L3)
+            # copy of the prefix could never be resumed from its end.
+            self._backup_snapshots([(n, n.snapshot) for n in to_backup
+                                    if n.on_host and n.snapshot is not None
+                                    and n.snapshot.provisional_owner is None])
             for node in to_backup:
                 if node.parent is not None and node.on_device and not self._drop_device_copy(node):
                     freed -= node.num_pages
@@ -316,6 +321,16 @@ class ResidencyMixin:
         self._free("host", "page", node.host_ids)
         self.counters.host_released_pages += len(node.host_ids)
         node.host_ids = None
+        self._release_host_snapshot(node.snapshot)
+
+    def _release_host_snapshot(self, snap: Snapshot | None) -> None:
+        """Exclusive tier: free a snapshot's host copy when its device copy exists."""
+        if (snap is None or snap.host_id is None or snap.device_id is None or snap.put_pending
+                or snap.backup_pending or id(snap) in self._loading_snaps):
+            return
+        self._free("host", "state", [snap.host_id])
+        snap.host_id = None
+        self.counters.snapshots_released_host += 1
 
     def _ack_load(self, tag: Load, ok: bool) -> None:
         handle = self._handles.get(id(tag))
@@ -343,12 +358,8 @@ class ResidencyMixin:
                 node.device_ids = None
         if tag.snap is not None:
             self._loading_snaps.pop(id(tag.snap), None)
-            snap = tag.snap
-            if (exclusive and snap.host_id is not None and snap.device_id is not None
-                    and not snap.put_pending and not snap.backup_pending):
-                self._free("host", "state", [snap.host_id])
-                snap.host_id = None
-                self.counters.snapshots_released_host += 1
+            if exclusive:
+                self._release_host_snapshot(tag.snap)
             if not ok:
                 self._free("device", "state", [tag.snap.device_id])
                 tag.snap.device_id = None

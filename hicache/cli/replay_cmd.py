@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "reuse per tier, bytes moved, evictions, snapshots and byte checks.")
     p.add_argument("--config", default="deepseek-v4-flash", help="config YAML or name (default deepseek-v4-flash)")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", choices=["synthetic", "sharegpt", "long-context"], default="synthetic",
+    src.add_argument("--workload", choices=["synthetic", "sharegpt", "long-context", "long-revisit"],
+                     default="synthetic",
                      help="built-in workload (default synthetic)")
     src.add_argument("--trace", metavar="FILE.jsonl", help="a kvcache-simulator block-hash trace")
     p.add_argument("--model", choices=["synthetic", "tiny"], default="synthetic",
@@ -38,6 +39,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-gib", type=float, help="host (L2) budget in GiB")
     p.add_argument("--device-pages", type=int, help="device budget as a page count (overrides --device-gib)")
     p.add_argument("--host-pages", type=int, help="host budget as a page count")
+    p.add_argument("--state-share", type=float,
+                   help="share of each tier's byte budget kept for state snapshots (default: the config's)")
     p.add_argument("--device-snapshots", type=int, help="device state snapshots")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
@@ -75,6 +78,8 @@ def _overrides(args: argparse.Namespace) -> dict:
             if v < 0 or (v < 1 and flag.endswith("pages")):
                 raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be >= 1" if flag.endswith("pages") else "must be >= 0")
             out[flag] = v
+    if args.state_share is not None:
+        out["state_share"] = args.state_share
     if args.write_policy:
         out["write_policy"] = args.write_policy
     if args.host_tier:
@@ -100,8 +105,8 @@ def load_requests(args: argparse.Namespace, page_tokens: int) -> list:
         return workloads.load_trace(args.trace)
     if args.workload == "sharegpt":
         return workloads.sharegpt(conversations=n, seed=args.seed)
-    if args.workload == "long-context":
-        return workloads.synthetic(conversations=n, seed=args.seed, preset="long-context")
+    if args.workload in ("long-context", "long-revisit"):
+        return workloads.synthetic(conversations=n, seed=args.seed, preset=args.workload)
     return workloads.synthetic(conversations=n, seed=args.seed)
 
 

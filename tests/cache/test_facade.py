@@ -251,6 +251,20 @@ def test_exclusive_host_tier_moves_pages_instead_of_copying():
     eng.cache.check_integrity()
 
 
+def test_exclusive_host_tier_frees_a_shadow_recomputed_on_the_device():
+    eng = Engine(make_cache(device_pages=2, host_pages=4, write_policy="write_back", host_tier="exclusive"))
+    a = toks(1, 2, extra=1)
+    _, lease = eng.start(a)
+    eng.publish(lease, a, 2, snapshot=False)        # no snapshot: A cannot be resumed
+    eng.cache.release(lease)
+    eng.run(toks(3, extra=1))                       # A evicted to the host
+    assert node_of(eng.cache, a[:8]).is_shadow and eng.cache.match(a).resume_tokens == 0
+    eng.run(a)                                      # recomputed and published over the shadow
+    na = node_of(eng.cache, a[:8])
+    assert na.on_device and not na.on_host and eng.cache.counters.host_released_pages == 2
+    eng.cache.check_integrity()
+
+
 def test_exclusive_host_tier_needs_write_back():
     with pytest.raises(ConfigError, match="write_back"):
         make_cache(host_tier="exclusive", write_policy="write_through")

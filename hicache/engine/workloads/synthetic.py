@@ -107,6 +107,13 @@ PRESETS: dict[str, SyntheticSpec] = {
         turns=(3, 6), system_prompts=1, system_len=512, user_len=(32, 256), output_len=(64, 512),
         document_len=(262_144, 1_000_000), max_prompt_tokens=1_048_576,
         arrival_rate=None, think_time_s=2.0, max_active=2),
+    # The microbenchmark of vLLM #43447 (seed 002): 0.75M-1M token documents read one
+    # after another, then each revisited with a follow-up question once all were read.
+    # Revisit hits measure how much of the byte budget serves resumable prefixes.
+    "long-revisit": SyntheticSpec(
+        turns=(2, 2), system_prompts=1, system_len=512, user_len=(32, 256), output_len=(64, 512),
+        document_len=(786_432, 1_000_000), max_prompt_tokens=1_048_576,
+        arrival_rate=None, think_time_s=3600.0, max_active=None),
 }
 
 

@@ -91,6 +91,22 @@ def test_long_context_preset_few_at_a_time_up_to_1m_tokens():
     assert all(3 <= t <= 6 for t in turns.values())
 
 
+def test_long_revisit_preset_reads_every_document_before_any_revisit():
+    reqs = synthetic(4, 0, preset="long-revisit")
+    check_workload(reqs)
+    firsts = [r for r in reqs if r.turn == 0]
+    revisits = [r for r in reqs if r.turn == 1]
+    assert len(firsts) == len(revisits) == 4 and len(reqs) == 8
+    assert [r.request_id for r in reqs[:4]] == sorted(r.request_id for r in firsts)  # reads come first
+    assert max(r.arrival_s for r in firsts) < min(r.arrival_s for r in revisits)
+    assert all(786_432 < r.prompt_len <= 1_048_576 for r in reqs)
+    by_conv = {r.conversation_id: r for r in firsts}
+    for r in revisits:  # a revisit extends its own conversation: prompt + answer of the read
+        first = by_conv[r.conversation_id]
+        assert np.array_equal(r.prompt[: first.prompt_len + len(first.output)],
+                              np.concatenate([first.prompt, first.output]))
+
+
 def test_max_prompt_tokens_drops_later_turns():
     reqs = synthetic(10, 3, turns=(6, 6), system_len=20, user_len=10, output_len=10, max_prompt_tokens=80)
     check_workload(reqs)
