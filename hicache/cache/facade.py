@@ -58,7 +58,7 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self.pools = build_pools(layout, self.config.pools)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self.ctl = TransferController(self.pools, transfer or TransferConfig(), fault_injector=fault_injector)
-        self.tree = RadixTree(layout.page_tokens, hash_seed=hash_seed)
+        self.tree = RadixTree(layout.page_tokens, hash_seed=hash_seed, needs_snapshots=layout.has_state)
         self.strategy = get_strategy(self.config.tree.eviction)
         self.retention = RetentionPolicy(self.config.tree.retention_interval, layout.page_tokens)
         self.has_state = layout.has_state

@@ -7,7 +7,16 @@ Victims are chosen leaf-first among unlocked nodes, lowest priority first::
 
 After the caller evicts a victim its parent may become eligible; the generators re-check
 it, so one pass evicts a whole cold branch bottom-up.
+
+Dead tails go first. With state families (hybrid models) a request can only resume at a
+boundary that has a snapshot, so a childless node whose end has none (its snapshot was
+evicted or never kept) can never be a resume point: its pages serve no hit. Such nodes are
+evicted before any live one, whatever the strategy says; layouts without state have no
+snapshots at all, so for them every node ranks alike and the strategy alone decides::
+
+    key = (has children or a snapshot at its end, strategy.priority(...), node_id)
 """
+
 
 from __future__ import annotations
 
@@ -59,8 +68,12 @@ def get_strategy(name: str | EvictionStrategy) -> EvictionStrategy:
 
 def _victims(tree: RadixTree, strategy: EvictionStrategy,
              eligible: Callable[[TreeNode], bool]) -> Iterator[TreeNode]:
-    heap = [(strategy.priority(n.last_access, n.hit_count), n.node_id, n)
-            for n in tree.nodes() if eligible(n)]
+    def key(n: TreeNode) -> tuple:
+        alive = (not tree.needs_snapshots or bool(n.children)
+                 or (n.snapshot is not None and not n.snapshot.empty))
+        return (alive, strategy.priority(n.last_access, n.hit_count))
+
+    heap = [(key(n), n.node_id, n) for n in tree.nodes() if eligible(n)]
     heapq.heapify(heap)
     seen = {n.node_id for _, _, n in heap}
     while heap:
@@ -72,8 +85,7 @@ def _victims(tree: RadixTree, strategy: EvictionStrategy,
         yield node
         if parent is not None and not parent.is_root and parent.node_id not in seen and eligible(parent):
             seen.add(parent.node_id)
-            heapq.heappush(heap, (strategy.priority(parent.last_access, parent.hit_count),
-                                  parent.node_id, parent))
+            heapq.heappush(heap, (key(parent), parent.node_id, parent))
 
 
 def device_victims(tree: RadixTree, strategy: EvictionStrategy,

@@ -71,6 +71,7 @@ class RadixTree:
 
     page_tokens: int
     hash_seed: bytes = b"hicache-v1"
+    needs_snapshots: bool = False  # hybrid layouts: a resume point needs a state snapshot
     root: TreeNode = field(init=False)
     clock: int = field(default=0, init=False)
     _next_id: int = field(default=1, init=False)

@@ -265,6 +265,34 @@ def test_exclusive_host_tier_frees_a_shadow_recomputed_on_the_device():
     eng.cache.check_integrity()
 
 
+def test_a_tail_without_a_snapshot_is_evicted_before_older_live_prefixes():
+    eng = Engine(make_cache(device_pages=4, write_policy="write_through", host_pages=1))
+    a, b = toks(1, 2, extra=1), toks(3, 4, extra=1)
+    eng.run(a)                                      # oldest, resumable at its end
+    _, lease = eng.start(b)
+    eng.publish(lease, b, 2, snapshot=False)        # newer, but no request can resume in it
+    eng.cache.release(lease)
+    eng.cache.drain()
+    _, lease = eng.start(toks(5, 6, extra=1))
+    eng.compute(lease, toks(5, 6, extra=1), 2)      # needs 2 pages: B goes, not the older A
+    assert eng.cache.match(a).resume_tokens == 8
+    assert eng.cache.tree.walk(b, 2).num_pages == 0
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+
+
+def test_without_state_eviction_is_plain_lru():
+    eng = Engine(make_cache(mha_layout(), device_pages=4, write_policy="write_through", host_pages=1))
+    a, b = toks(1, 2, extra=1), toks(3, 4, extra=1)
+    eng.run(a)
+    eng.run(b)
+    _, lease = eng.start(toks(5, 6, extra=1))
+    eng.compute(lease, toks(5, 6, extra=1), 2)      # the least recently used prefix goes: A
+    assert eng.cache.tree.walk(a, 2).num_pages == 0 and eng.cache.match(b).resume_tokens == 8
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+
+
 def test_exclusive_host_tier_needs_write_back():
     with pytest.raises(ConfigError, match="write_back"):
         make_cache(host_tier="exclusive", write_policy="write_through")
