@@ -44,6 +44,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device-snapshots", type=int, help="device state snapshots")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
+    p.add_argument("--prefetch-policy", choices=["best_effort", "wait_complete", "timeout"],
+                   help="how long admission waits for an L3 prefetch (default: the config's)")
     p.add_argument("--write-policy", choices=["write_through", "write_through_selective", "write_back"],
                    help="when device pages are backed up to host (default: the config's)")
     p.add_argument("--host-tier", choices=["inclusive", "exclusive"],
@@ -80,6 +82,8 @@ def _overrides(args: argparse.Namespace) -> dict:
             out[flag] = v
     if args.state_share is not None:
         out["state_share"] = args.state_share
+    if args.prefetch_policy:
+        out["prefetch_policy"] = args.prefetch_policy
     if args.write_policy:
         out["write_policy"] = args.write_policy
     if args.host_tier:

@@ -1,0 +1,47 @@
+"""``hicache replay`` on the synthetic model: JSON keys, policy flags, bad flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hicache.cli.main import main
+
+SMALL = ["--config", "deepseek-v4-flash", "--conversations", "4", "--device-pages", "24", "--host-pages", "16",
+         "--device-snapshots", "6", "--host-snapshots", "6", "--storage", "memory://", "--quiet", "--json"]
+
+
+def replay(capsys, *flags):
+    rc = main(["replay", *SMALL, *flags])
+    return rc, json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("flags", [
+    [],
+    ["--write-policy", "write_back", "--host-tier", "exclusive"],
+    ["--write-policy", "write_back", "--host-tier", "exclusive", "--admission", "greedy", "--max-running", "4"],
+    ["--prefetch-policy", "wait_complete", "--state-share", "0.1", "--retention", "0"],
+])
+def test_policies_replay_with_every_byte_checked(capsys, flags):
+    rc, out = replay(capsys, *flags)
+    assert rc == 0 and out["mismatched_pages"] == 0 and out["verified_pages"] > 0
+    for k in ("requests", "prompt_tokens", "hit_tokens", "hit_rate", "device_hit_tokens", "host_hit_tokens",
+              "l3_hit_tokens", "l3_errors", "prompt_tokens_last_half", "hit_tokens_last_half",
+              "readmission_recomputed_tokens", "host_released_pages"):
+        assert k in out, k
+    assert out["hit_tokens"] == out["device_hit_tokens"] + out["host_hit_tokens"] + out["l3_hit_tokens"]
+    if "--admission" not in flags:
+        assert out["preemptions"] == 0 and out["readmission_recomputed_tokens"] == 0
+    if "exclusive" in flags and out["host_hit_tokens"]:
+        assert out["host_released_pages"] > 0
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--host-tier", "exclusive", "--write-policy", "write_through"], "write_back"),
+    (["--state-share", "1.5"], "state_share"),
+])
+def test_bad_policy_flags_are_one_line(capsys, flags, named):
+    assert main(["replay", *SMALL, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hicache replay: error:") and named in err[0], err
