@@ -65,7 +65,8 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self.counters = CacheStats()
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
-        self._loading_snaps: dict[int, object] = {}  # id(snapshot) -> load handle
+        self._loading_snaps: dict[int, object] = {}  # id(snapshot) -> load handle (None: queued)
+        self._release_after_put: set = set()  # exclusive tier: nodes/snapshots loaded while an L3 put read them
         self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
         self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
         self._closed = False
@@ -255,6 +256,10 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         if need_snap:
             loads.append(Load(snap=snap, snap_src=snap.host_id, snap_dst=int(sres.ids[0])))
             snap.device_id = int(sres.ids[0])
+            # Loading from now on, before anything is submitted: a drain under backpressure
+            # may ack the page load first, and its exclusive-tier release must not free the
+            # host row this snapshot load is about to read.
+            self._loading_snaps[id(snap)] = None
         return loads
 
     # -- requests' pages ----------------------------------------------------------------

@@ -222,10 +222,14 @@ class L3Mixin:
                 n.l3_put = None
                 n.lock_host -= 1
                 n.l3_stored = ticket.ok
-                if self.config.write.host_tier == "exclusive" and n.load_ticket is None:
-                    self._release_host_copy(n)  # loaded while this put read the host rows
+                if n in self._release_after_put:  # loaded while this put read the host rows
+                    self._release_after_put.discard(n)
+                    self._release_host_copy(n)
         if put.snap is not None:
             put.snap.put_pending = False
+            if put.snap in self._release_after_put:
+                self._release_after_put.discard(put.snap)
+                self._release_host_snapshot(put.snap)
         self.counters.l3_put_objects += sum(ticket.stored or []) if ticket.ok else 0
         self.counters.l3_put_dropped += bool(ticket.dropped)
 

@@ -315,9 +315,11 @@ class ResidencyMixin:
 
     def _release_host_copy(self, node: TreeNode) -> None:
         """Exclusive tier: free ``node``'s host pages now that its device copy landed."""
-        if (node.host_ids is None or node.device_ids is None or node.lock_host
-                or node.l3_put is not None or node.backup_pending):
-            return  # another load or an L3 put still reads the host rows: the last one frees
+        if node.host_ids is None or node.device_ids is None or node.lock_host or node.backup_pending:
+            return  # another load still reads the host rows: the last one frees them
+        if node.l3_put is not None:
+            self._release_after_put.add(node)  # the put reads them: it frees them when done
+            return
         self._free("host", "page", node.host_ids)
         self.counters.host_released_pages += len(node.host_ids)
         node.host_ids = None
@@ -325,8 +327,11 @@ class ResidencyMixin:
 
     def _release_host_snapshot(self, snap: Snapshot | None) -> None:
         """Exclusive tier: free a snapshot's host copy when its device copy exists."""
-        if (snap is None or snap.host_id is None or snap.device_id is None or snap.put_pending
+        if (snap is None or snap.host_id is None or snap.device_id is None
                 or snap.backup_pending or id(snap) in self._loading_snaps):
+            return
+        if snap.put_pending:
+            self._release_after_put.add(snap)  # the L3 put reads the row: freed when it is done
             return
         self._free("host", "state", [snap.host_id])
         snap.host_id = None

@@ -16,7 +16,10 @@ and :class:`hicache.storage.L3Store` add those. The contract:
   checks the object header there, so a foreign value never lands in a pool row);
 * ``put(keys, values) -> list[bool]``: store each value (a buffer or a gather list; the
   stored value is their concatenation) without gluing the pieces together where the
-  transport allows. False means this key was refused (no room, ``maxmemory``); it is
+  transport allows. A backend whose class sets ``accepts_deferred = True`` may also get
+  :class:`~hicache.storage.buffers.Deferred` pieces (bytes made on first use, such as the
+  store's checksummed header) and resolves them itself, as late as it likes; every other
+  backend gets plain buffers only. False means this key was refused (no room, ``maxmemory``); it is
   counted in ``stats().errors``;
 * ``delete(keys) -> int`` (keys removed), ``stats() -> BackendStats``, ``close()``.
 

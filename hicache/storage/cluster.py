@@ -79,6 +79,7 @@ class RedisClusterBackend:
     """A Redis Cluster (see module doc)."""
 
     protocol_version = STORAGE_PROTOCOL_VERSION
+    accepts_deferred = True  # put() resolves Deferred pieces itself (buffers.value_views / send_pieces)
     kind = "redis-cluster"
 
     def __init__(self, seeds: Sequence[Endpoint], opts: RedisOptions, url: str):

@@ -42,6 +42,7 @@ class FileBackend:
     """One file per object under a directory (see module doc)."""
 
     protocol_version = STORAGE_PROTOCOL_VERSION
+    accepts_deferred = True  # put() resolves Deferred pieces itself (buffers.value_views / send_pieces)
     kind = "file"
 
     def __init__(self, root: str | os.PathLike, capacity_bytes: int = DEFAULT_FILE_CAPACITY,

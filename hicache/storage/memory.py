@@ -42,6 +42,7 @@ class MemoryBackend:
     """An in-process LRU byte store (see module doc)."""
 
     protocol_version = STORAGE_PROTOCOL_VERSION
+    accepts_deferred = True  # put() resolves Deferred pieces itself (buffers.value_views / send_pieces)
     kind = "memory"
 
     def __init__(self, capacity_bytes: int = DEFAULT_MEMORY_CAPACITY, name: str = ""):

@@ -238,6 +238,7 @@ class RedisBackend:
     """One Redis server (TCP, TLS or unix socket); see module doc."""
 
     protocol_version = STORAGE_PROTOCOL_VERSION
+    accepts_deferred = True  # put() resolves Deferred pieces itself (buffers.value_views / send_pieces)
     kind = "redis"
 
     def __init__(self, endpoint: Endpoint, opts: RedisOptions, url: str):

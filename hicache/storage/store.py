@@ -227,8 +227,11 @@ class L3Store:
         views = [byte_view(s, writable=False) for s in srcs]
         keys = [self.key(h, kind) for h in hashes]
         # Deferred headers: a streaming backend hashes each payload just before sending it.
-        values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, [v])), v]
-                  for h, v in zip(hashes, views)]
+        if getattr(self.backend, "accepts_deferred", False):
+            values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, [v])), v]
+                      for h, v in zip(hashes, views)]
+        else:  # a backend written to the plain contract gets bytes
+            values = [[self.codec.header(h, kind, [v]), v] for h, v in zip(hashes, views)]
         ok, stored = self._call("put", lambda: self.backend.put(keys, values), retry=False)
         stored = list(stored) if ok else [False] * len(keys)
         good = sum(stored)

@@ -144,3 +144,120 @@ def test_cancelled_prefetches_return_their_memory_budget():
     assert eng.cache.finish_prefetch(eng.cache.prefetch(eng.cache.match(t))) == 12
     eng.cache.check_integrity()
     eng.cache.close()
+
+
+# -- second session's review: the exclusive host tier and deferred headers -----------------
+def _small_queue_cache(q, **kw):
+    from hicache.cache import HiCache
+    from hicache.transfer import TransferConfig
+    from tests.cache.conftest import hybrid_layout
+
+    cfg = make_cache(**kw)
+    config = cfg.config
+    cfg.close()
+    return HiCache(hybrid_layout(), config, transfer=TransferConfig(max_queued_ops=q))
+
+
+def test_exclusive_load_under_backpressure_keeps_the_snapshot_row_it_reads():
+    # A drain inside load() acked the page load first; its release freed the host row of
+    # the snapshot whose load was about to be submitted ("host state id N is not allocated").
+    from hicache.engine.stress import StressConfig, StressRunner
+
+    cache = _small_queue_cache(2, device_pages=16, device_snaps=3, host_pages=24, host_snaps=2,
+                               write_policy="write_back", host_tier="exclusive", retention=0)
+    try:
+        rep = StressRunner(cache, StressConfig(ops=300, seed=820483, max_running=3, prefetch=0.0)).run()
+    finally:
+        cache.close()
+    assert rep.integrity_errors == 0 and rep.mismatched_pages == 0 and rep.mismatched_snapshots == 0
+
+
+def test_exclusive_eviction_keeps_the_backup_it_just_made_under_backpressure():
+    # A drain during eviction finished the L3 put of a node just backed up and released its
+    # host copy before it was demoted: the node was dropped, or stuck on the device.
+    cache = _small_queue_cache(1, device_pages=4, device_snaps=8, host_pages=16, host_snaps=8,
+                               write_policy="write_back", host_tier="exclusive", retention=0)
+    eng = Engine(cache)
+    eng.run(toks(1, 2))
+    eng.run(toks(3, 4))
+    lease = cache.load(cache.match(toks(5, 6, 7, 8)))
+    assert lease.wait()
+    assert cache.alloc_pages(lease, 4).ok
+    assert cache.counters.host_released_pages == 0 and cache.counters.device_evicted_pages == 0
+    assert cache.counters.device_demoted_pages == 4
+    cache.release(lease)
+    cache.drain()
+    cache.check_integrity()
+    cache.close()
+
+
+def test_exclusive_snapshot_loaded_during_its_l3_put_leaves_the_host_when_the_put_ends(monkeypatch):
+    import hicache.cache.l3 as l3mod
+    from tests.storage.gated import GatedBackend
+
+    made = {}
+    real_open = l3mod.open_backend
+
+    def open_gated(url):
+        made["b"] = GatedBackend(real_open("memory://"), gate_ops=("put",))
+        return made["b"]
+
+    monkeypatch.setattr(l3mod, "open_backend", open_gated)
+    cache = make_cache(device_pages=16, device_snaps=1, host_pages=32, host_snaps=8,
+                       write_policy="write_back", host_tier="exclusive", retention=0)
+    eng = Engine(cache)
+    a = toks(1, 2)
+    eng.run(a)
+    made["b"].gate.clear()                          # hold L3 puts
+    _, lb = eng.start(toks(3, 4))
+    eng.publish(lb, toks(3, 4), 2)                  # the one device state row: A's snapshot goes to host
+    cache.release(lb)
+    cache.poll()
+    _, la = eng.start(toks(1, 2, extra=1))          # resumes from it: loaded while its put is held
+    cache.poll()
+    snap = next(n for n in cache.tree.nodes() if n.hashes == eng.hashes(a)).snapshot
+    assert snap.device_id is not None and snap.host_id is not None and snap.put_pending
+    cache.release(la)
+    made["b"].gate.set()
+    cache.drain()
+    assert snap.host_id is None and cache.counters.snapshots_released_host == 1
+    cache.check_integrity()
+    cache.close()
+
+
+def test_a_backend_written_to_the_plain_contract_gets_plain_buffers():
+    from hicache.storage import L3Store, open_backend
+    from hicache.storage.backend import STORAGE_PROTOCOL_VERSION
+
+    class PlainBackend:
+        protocol_version, kind, url = STORAGE_PROTOCOL_VERSION, "plain", "plain://"
+
+        def __init__(self):
+            self.inner = open_backend("memory://")
+
+        def put(self, keys, values):
+            return self.inner.put(keys, [b"".join(memoryview(p) for p in v) for v in values])
+
+        def get_into(self, keys, values, accept=None):
+            return self.inner.get_into(keys, values, accept)
+
+        def exists(self, keys):
+            return self.inner.exists(keys)
+
+        def exists_prefix(self, keys):
+            return self.inner.exists_prefix(keys)
+
+        def delete(self, keys):
+            return self.inner.delete(keys)
+
+        def stats(self):
+            return self.inner.stats()
+
+        def close(self):
+            self.inner.close()
+
+    store = L3Store(PlainBackend(), "a" * 16, "")
+    assert store.put([b"\x01" * 32], "page", [bytearray(b"x" * 64)]) == [True]
+    dst = bytearray(64)
+    assert store.get([b"\x01" * 32], "page", [dst]).hits == 1 and dst == bytearray(b"x" * 64)
+    store.close()
