@@ -107,3 +107,13 @@ def resolve_pieces(pieces: Sequence) -> list:
 
 def total_bytes(views: Sequence[memoryview]) -> int:
     return sum(v.nbytes for v in views)
+
+
+def consume(pending: list[memoryview], n: int) -> None:
+    """Drop the first ``n`` bytes of ``pending`` after a partial vectored send/write/read."""
+    while n:
+        if n >= pending[0].nbytes:
+            n -= pending.pop(0).nbytes
+        else:
+            pending[0] = pending[0][n:]
+            n = 0

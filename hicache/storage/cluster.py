@@ -28,10 +28,9 @@ import threading
 from typing import Callable, Optional, Sequence
 
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
-from hicache.storage.buffers import Value, send_pieces, value_views
+from hicache.storage.buffers import Value, value_views
 from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageError, StorageProtocolError
-from hicache.storage.objects import check_key
-from hicache.storage.redis_node import RedisNode, map_exists, map_get, map_put, redis_stats
+from hicache.storage.redis_node import RedisNode, map_exists, map_get, map_put, put_pieces, redis_stats
 from hicache.storage.resp import Endpoint, RedisOptions, RespError
 
 NUM_SLOTS = 16384
@@ -204,12 +203,9 @@ class RedisClusterBackend:
         return map_get(raw, self._errors, "cluster")
 
     def put(self, keys: Sequence[str], values: Sequence[Value]) -> list[bool]:
-        assert len(keys) == len(values), "one value per key"
         if not keys:
             return []
-        for k in keys:
-            check_key(k)
-        views = [send_pieces(v) for v in values]
+        views = put_pieces(keys, values)
         raw = self._run(keys, lambda node, idxs, asking: node.set_raw(
             [keys[i] for i in idxs], [views[i] for i in idxs], asking))
         return map_put(raw, self._errors, "cluster")

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 from hicache.errors import ConfigError
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
-from hicache.storage.buffers import Value, value_views
+from hicache.storage.buffers import Value, consume, value_views
 from hicache.storage.faults import StorageConnectionError
 from hicache.storage.objects import check_key
 
@@ -234,12 +234,7 @@ def _writev_all(fd: int, views: list[memoryview]) -> None:
     pending = [v for v in views if v.nbytes]
     while pending:
         n = os.writev(fd, pending[:_IOV_MAX])
-        while n:
-            if n >= pending[0].nbytes:
-                n -= pending.pop(0).nbytes
-            else:
-                pending[0] = pending[0][n:]
-                n = 0
+        consume(pending, n)
 
 
 def _readv_all(fd: int, views: list[memoryview], size: int) -> None:
@@ -255,9 +250,4 @@ def _readv_all(fd: int, views: list[memoryview], size: int) -> None:
         n = os.readv(fd, pending[:_IOV_MAX])
         if n == 0:
             return  # the file shrank under us (replaced): the caller sees a short value
-        while n:
-            if n >= pending[0].nbytes:
-                n -= pending.pop(0).nbytes
-            else:
-                pending[0] = pending[0][n:]
-                n = 0
+        consume(pending, n)

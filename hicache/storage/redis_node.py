@@ -214,6 +214,14 @@ def map_get(results: list, counter: FaultCounter, endpoint) -> list[Optional[int
     return out
 
 
+def put_pieces(keys: Sequence[str], values: Sequence[Value]) -> list[list]:
+    """Check a put's keys; its values as send pieces (Deferred left for the sender)."""
+    assert len(keys) == len(values), "one value per key"
+    for k in keys:
+        check_key(k)
+    return [send_pieces(v) for v in values]
+
+
 def map_put(results: list, counter: FaultCounter, endpoint) -> list[bool]:
     out = []
     for r in results:
@@ -263,12 +271,9 @@ class RedisBackend:
         return map_get(self.node.get_raw(keys, dests, accept=accept), self._errors, self.node.endpoint)
 
     def put(self, keys: Sequence[str], values: Sequence[Value]) -> list[bool]:
-        assert len(keys) == len(values), "one value per key"
         if not keys:
             return []
-        for k in keys:
-            check_key(k)
-        views = [send_pieces(v) for v in values]
+        views = put_pieces(keys, values)
         return map_put(self.node.set_raw(keys, views), self._errors, self.node.endpoint)
 
     def delete(self, keys: Sequence[str]) -> int:

@@ -24,7 +24,7 @@ import socket
 import ssl
 from typing import Callable, Optional, Sequence, Union
 
-from hicache.storage.buffers import resolve_pieces
+from hicache.storage.buffers import consume, resolve_pieces
 from hicache.storage.faults import StorageConnectionError, StorageProtocolError, StorageTimeout
 from hicache.storage.redis_opts import Endpoint, RedisOptions
 
@@ -160,12 +160,7 @@ class RespConnection:
             pending = [memoryview(p) for p in merged if len(p)]
             while pending:
                 n = self._sock.sendmsg(pending[:_IOV_MAX])
-                while n:
-                    if n >= pending[0].nbytes:
-                        n -= pending.pop(0).nbytes
-                    else:
-                        pending[0] = pending[0][n:]
-                        n = 0
+                consume(pending, n)
         except socket.timeout:
             self.broken = True
             raise StorageTimeout(f"{self.endpoint}: send timed out") from None

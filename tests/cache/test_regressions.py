@@ -227,36 +227,15 @@ def test_exclusive_snapshot_loaded_during_its_l3_put_leaves_the_host_when_the_pu
 
 def test_a_backend_written_to_the_plain_contract_gets_plain_buffers():
     from hicache.storage import L3Store, open_backend
-    from hicache.storage.backend import STORAGE_PROTOCOL_VERSION
+    from tests.storage.gated import ForwardingBackend
 
-    class PlainBackend:
-        protocol_version, kind, url = STORAGE_PROTOCOL_VERSION, "plain", "plain://"
-
-        def __init__(self):
-            self.inner = open_backend("memory://")
+    class PlainBackend(ForwardingBackend):
+        """Written to the plain contract: joins each value's pieces as buffers."""
 
         def put(self, keys, values):
             return self.inner.put(keys, [b"".join(memoryview(p) for p in v) for v in values])
 
-        def get_into(self, keys, values, accept=None):
-            return self.inner.get_into(keys, values, accept)
-
-        def exists(self, keys):
-            return self.inner.exists(keys)
-
-        def exists_prefix(self, keys):
-            return self.inner.exists_prefix(keys)
-
-        def delete(self, keys):
-            return self.inner.delete(keys)
-
-        def stats(self):
-            return self.inner.stats()
-
-        def close(self):
-            self.inner.close()
-
-    store = L3Store(PlainBackend(), "a" * 16, "")
+    store = L3Store(PlainBackend(open_backend("memory://")), "a" * 16, "")
     assert store.put([b"\x01" * 32], "page", [bytearray(b"x" * 64)]) == [True]
     dst = bytearray(64)
     assert store.get([b"\x01" * 32], "page", [dst]).hits == 1 and dst == bytearray(b"x" * 64)

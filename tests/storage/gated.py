@@ -35,38 +35,34 @@ class Gate:
             return ok
 
 
-class GatedBackend:
+class ForwardingBackend:
+    """Forwards every backend call to ``inner``; ``_before(op, n)`` runs ahead of the
+    calls that move data (exists, exists_prefix, get_into, put), for subclasses to hook."""
+
     protocol_version = 1
-    kind = "gated"
-    url = "gated://"
+    kind = "forwarding"
+    url = "forwarding://"
 
-    def __init__(self, inner, gate_ops=("get_into", "put")):
+    def __init__(self, inner):
         self.inner = inner
-        self.gate = Gate()
-        self.gate_ops = set(gate_ops)
-        self.entered = threading.Semaphore(0)
-        self.calls: list[tuple[str, int]] = []
 
-    def _wait(self, op, n):
-        self.calls.append((op, n))
-        if op in self.gate_ops:
-            self.entered.release()
-            assert self.gate.wait(30), "test gate never opened"
+    def _before(self, op, n):
+        pass
 
     def exists(self, keys):
-        self._wait("exists", len(keys))
+        self._before("exists", len(keys))
         return self.inner.exists(keys)
 
     def exists_prefix(self, keys):
-        self._wait("exists_prefix", len(keys))
+        self._before("exists_prefix", len(keys))
         return self.inner.exists_prefix(keys)
 
     def get_into(self, keys, values, accept=None):
-        self._wait("get_into", len(keys))
+        self._before("get_into", len(keys))
         return self.inner.get_into(keys, values, accept)
 
     def put(self, keys, values):
-        self._wait("put", len(keys))
+        self._before("put", len(keys))
         return self.inner.put(keys, values)
 
     def delete(self, keys):
@@ -76,5 +72,26 @@ class GatedBackend:
         return self.inner.stats()
 
     def close(self):
-        self.gate.set()
         self.inner.close()
+
+
+class GatedBackend(ForwardingBackend):
+    kind = "gated"
+    url = "gated://"
+
+    def __init__(self, inner, gate_ops=("get_into", "put")):
+        super().__init__(inner)
+        self.gate = Gate()
+        self.gate_ops = set(gate_ops)
+        self.entered = threading.Semaphore(0)
+        self.calls: list[tuple[str, int]] = []
+
+    def _before(self, op, n):
+        self.calls.append((op, n))
+        if op in self.gate_ops:
+            self.entered.release()
+            assert self.gate.wait(30), "test gate never opened"
+
+    def close(self):
+        self.gate.set()
+        super().close()

@@ -12,6 +12,7 @@ from hicache.pools import TierPools
 from hicache.storage import L3Config, L3Store, open_backend
 from hicache.storage.faults import StorageConnectionError, StorageTimeout
 from hicache.storage.objects import HEADER_BYTES
+from tests.storage.gated import ForwardingBackend
 
 from .conftest import page_hashes, rows
 
@@ -148,47 +149,21 @@ def test_misuse_raises():
         L3Store(open_backend("memory://"), "not a fingerprint!", "")
 
 
-class FlakyBackend:
+class FlakyBackend(ForwardingBackend):
     """Wraps a backend; raises the queued faults before delegating."""
 
-    protocol_version = 1
     kind = "flaky"
     url = "flaky://"
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.faults: list[Exception] = []
         self.calls = 0
 
-    def _maybe_fail(self):
+    def _before(self, op, n):
         self.calls += 1
         if self.faults:
             raise self.faults.pop(0)
-
-    def exists(self, keys):
-        self._maybe_fail()
-        return self.inner.exists(keys)
-
-    def exists_prefix(self, keys):
-        self._maybe_fail()
-        return self.inner.exists_prefix(keys)
-
-    def get_into(self, keys, values, accept=None):
-        self._maybe_fail()
-        return self.inner.get_into(keys, values, accept)
-
-    def put(self, keys, values):
-        self._maybe_fail()
-        return self.inner.put(keys, values)
-
-    def delete(self, keys):
-        return self.inner.delete(keys)
-
-    def stats(self):
-        return self.inner.stats()
-
-    def close(self):
-        self.inner.close()
 
 
 class Clock:
