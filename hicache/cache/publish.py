@@ -71,9 +71,8 @@ class PublishMixin:
         lease.tokens = toks
         if self.config.write.write_policy == "write_through":
             self._backup_nodes(res.new_nodes)
-        elif self.config.write.host_tier == "exclusive":
-            for node in res.new_nodes:  # a shadow recomputed on the device leaves the host
-                self._release_host_copy(node)
+        for node in res.new_nodes:  # exclusive tier: a recomputed shadow leaves the host
+            self._release_host_copy(node)
         outcome = None
         if snapshot_id is not None:
             lease._unpublished_snapshots.discard(snapshot_id)
@@ -94,8 +93,7 @@ class PublishMixin:
         if snap is not None and not snap.empty:
             if snap.device_id is None:
                 snap.device_id = sid          # a host-only snapshot regains its device copy
-                if self.config.write.host_tier == "exclusive":
-                    self._release_host_snapshot(snap)
+                self._release_host_snapshot(snap)  # exclusive tier: the host copy goes
             else:
                 self._free("device", "state", [sid])
                 c.snapshots_duplicate += 1

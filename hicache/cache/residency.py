@@ -314,7 +314,12 @@ class ResidencyMixin:
             self.counters.backup_failures += 1
 
     def _release_host_copy(self, node: TreeNode) -> None:
-        """Exclusive tier: free ``node``'s host pages now that its device copy landed."""
+        """Exclusive tier: free ``node``'s host pages now that its device copy landed.
+
+        A no-op on an inclusive tier, so callers need not ask which tier they run on.
+        """
+        if self.config.write.host_tier != "exclusive":
+            return
         if node.host_ids is None or node.device_ids is None or node.lock_host or node.backup_pending:
             return  # another load still reads the host rows: the last one frees them
         if node.l3_put is not None:
@@ -326,8 +331,8 @@ class ResidencyMixin:
         self._release_host_snapshot(node.snapshot)
 
     def _release_host_snapshot(self, snap: Snapshot | None) -> None:
-        """Exclusive tier: free a snapshot's host copy when its device copy exists."""
-        if (snap is None or snap.host_id is None or snap.device_id is None
+        """Exclusive tier: free a snapshot's host copy when its device copy exists (else no-op)."""
+        if (self.config.write.host_tier != "exclusive" or snap is None or snap.host_id is None or snap.device_id is None
                 or snap.backup_pending or id(snap) in self._loading_snaps):
             return
         if snap.put_pending:
@@ -348,13 +353,12 @@ class ResidencyMixin:
                     break
                 if node not in done:
                     done.append(node)
-        exclusive = ok and self.config.write.host_tier == "exclusive"
         for node in sorted(done, key=self.tree.depth_pages, reverse=True):  # children first
             node.load_ticket = None
             node.lock_host -= 1
-            if exclusive:
-                self._release_host_copy(node)
-            if not ok:
+            if ok:
+                self._release_host_copy(node)  # exclusive tier: the host copy was read
+            else:
                 # The device copy never arrived: back to a shadow. Dependent leases see the
                 # failure through their handles and must not publish (publish checks).
                 assert not any(c.on_device for c in node.children.values()), \
@@ -363,9 +367,9 @@ class ResidencyMixin:
                 node.device_ids = None
         if tag.snap is not None:
             self._loading_snaps.pop(id(tag.snap), None)
-            if exclusive:
+            if ok:
                 self._release_host_snapshot(tag.snap)
-            if not ok:
+            else:
                 self._free("device", "state", [tag.snap.device_id])
                 tag.snap.device_id = None
         if ok:

@@ -158,9 +158,12 @@ class ReferenceEngine:
         """Device pages ``req`` holds at its finish (prompt + output)."""
         return -(-(len(req.prompt) + len(req.output)) // self.P)
 
-    def _fits(self, req) -> bool:
-        """Admission control: may ``req`` start now without taking others' room?"""
-        held = self._reserved + self._pending_reserve
+    def _fits(self, req, deferred: list) -> bool:
+        """Admission control: may ``req`` start now without taking others' room?
+
+        ``deferred`` requests (admitted, waiting a step for their prefetch) count as running.
+        """
+        held = self._reserved + sum(self._footprint(r) for r in deferred)
         if self.cfg.admission == "greedy" or held == 0:
             return True
         return held + self._footprint(req) <= self._device_pages
@@ -231,8 +234,7 @@ class ReferenceEngine:
         self._records: dict[int, RequestRecord] = {}
         self._prefetching: dict[int, object] = {}
         self._device_pages = self.cache.pools.device.capacity("page")
-        self._reserved = 0         # footprints of running requests
-        self._pending_reserve = 0  # footprints of requests waiting a step for a prefetch
+        self._reserved = 0  # footprints of running requests
         deferred: list = []   # admitted, waiting one step for their L3 prefetch
         waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
         waiting.reverse()  # pop() from the end = earliest arrival
@@ -253,7 +255,6 @@ class ReferenceEngine:
                 if not held[conv]:
                     del held[conv]
         while waiting or running or retry or held or deferred:
-            self._pending_reserve = 0
             for req in deferred:
                 running.append(self._admit(req))
             deferred = []
@@ -272,7 +273,7 @@ class ReferenceEngine:
                 else:
                     break
                 too_big = self._footprint(req) > self._device_pages
-                if not too_big and not self._fits(req):
+                if not too_big and not self._fits(req, deferred):
                     break  # first come, first served: wait until running requests finish
                 if from_retry:
                     retry.pop(0)
@@ -289,7 +290,6 @@ class ReferenceEngine:
                     continue
                 if self._start_prefetch(req):
                     deferred.append(req)
-                    self._pending_reserve += self._footprint(req)
                 else:
                     running.append(self._admit(req))
             assert running or retry or waiting or deferred or not held, "held turns with nothing running"
