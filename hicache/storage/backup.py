@@ -27,21 +27,21 @@ from collections import deque
 from typing import Any, Callable, Optional, Sequence
 
 from hicache.errors import MisuseError
-from hicache.storage.buffers import Buffer, byte_view
+from hicache.storage.buffers import Value, value_views
 from hicache.storage.objects import ObjectKind, PageHash, as_kind, hash_bytes
 
 
 class PutTicket:
     """One queued backup: hashes, sources, and (once done) which objects were stored."""
 
-    def __init__(self, hashes: Sequence[PageHash], kind: ObjectKind, views: list[memoryview],
+    def __init__(self, hashes: Sequence[PageHash], kind: ObjectKind, views: list[list[memoryview]],
                  tag: Any, on_done: Optional[Callable[["PutTicket"], None]]):
         self.hashes = [hash_bytes(h) for h in hashes]
         self.kind = kind
         self.views = views
         self.tag = tag
         self.on_done = on_done
-        self.nbytes = sum(v.nbytes for v in views)
+        self.nbytes = sum(p.nbytes for pieces in views for p in pieces)
         self.dropped = False
         self.stored: Optional[list[bool]] = None  # per object, once done
         self.skipped_existing = 0
@@ -87,11 +87,11 @@ class BackupQueue:
         self._thread.start()
 
     # -- engine side --------------------------------------------------------------------
-    def submit(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Buffer],
+    def submit(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Value],
                *, tag: Any = None, on_done: Optional[Callable[[PutTicket], None]] = None) -> PutTicket:
         if len(hashes) != len(srcs):
             raise MisuseError(f"put_async: {len(hashes)} hashes but {len(srcs)} sources")
-        ticket = PutTicket(hashes, as_kind(kind), [byte_view(s, writable=False) for s in srcs], tag, on_done)
+        ticket = PutTicket(hashes, as_kind(kind), [value_views(s, writable=False) for s in srcs], tag, on_done)
         n = len(ticket.hashes)
         with self._cv:
             full = (self._pending_objects + n > self.max_objects

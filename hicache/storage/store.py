@@ -17,6 +17,12 @@ Reading into pool rows without a second copy::
 The payload checksum can only be checked once the payload is in ``dst[i]``; a mismatch
 makes that object (and everything after it) a miss, so the caller must treat rows past
 ``GetResult.hits`` as garbage: free them, never publish them.
+
+Scatter/gather objects: a destination (or source) may also be a list of buffers, and the
+object's payload is their concatenation, checksummed over the list. An engine whose page
+lives in several regions (SGLang's ``page_first`` host page: its K and V halves;
+``layer_first``: one piece per layer and K/V) then moves it without a staging copy; the
+Redis path reads each piece straight from the socket into its region.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from hicache.errors import MisuseError, StorageError
 from hicache.storage.backend import StorageBackend
-from hicache.storage.buffers import Buffer, Deferred, byte_view
+from hicache.storage.buffers import Deferred, Value, value_views
 from hicache.storage.config import L3Config
 from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounter, fault_name
 from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
@@ -79,12 +85,15 @@ class L3Store:
     """Objects of one namespace (layout fingerprint + salt) in one backend."""
 
     def __init__(self, backend: StorageBackend, fingerprint: str, salt: str = "",
-                 cfg: L3Config = L3Config(), *, clock: Callable[[], float] = time.monotonic):
+                 cfg: L3Config = L3Config(), *, clock: Callable[[], float] = time.monotonic,
+                 breaker: Optional[CircuitBreaker] = None):
+        """``breaker``: share one breaker between stores on the same backend (an engine
+        integration keeps one namespace per pool), so a dead server trips once for all."""
         self.backend = backend
         self.cfg = cfg
         self.codec = ObjectCodec(fingerprint, salt)
-        self.breaker = CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s,
-                                      cfg.breaker_max_cooldown_s, clock=clock)
+        self.breaker = breaker or CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s,
+                                                 cfg.breaker_max_cooldown_s, clock=clock)
         self.faults = FaultCounter()      # by type: timeout, connection, protocol, server
         self.rejected = FaultCounter()    # by Reject reason
         self._lock = threading.Lock()
@@ -154,9 +163,11 @@ class L3Store:
         ok, flags = self._call("lookup", lambda: self.backend.exists(keys), retry=True)
         return list(flags) if ok else [False] * len(keys)
 
-    def get(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", dsts: Sequence[Buffer],
+    def get(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", dsts: Sequence[Value],
             *, progress: Optional[Callable[[int], bool]] = None) -> GetResult:
-        """Read the leading verified objects into ``dsts`` (one payload buffer per hash).
+        """Read the leading verified objects into ``dsts``: one payload per hash, each a
+        buffer or a scatter list of buffers (filled in order; sizes must add up to the
+        stored payload, else the object is rejected as ``wrong_size``).
 
         Reads ``read_batch`` objects per backend call; after each batch ``progress(hits)``
         is called and may return False to stop early (a cancelled prefetch). Objects after
@@ -165,26 +176,28 @@ class L3Store:
         kind = as_kind(kind)
         if len(hashes) != len(dsts):
             raise MisuseError(f"get: {len(hashes)} hashes but {len(dsts)} destinations")
-        views = [byte_view(d, writable=True) for d in dsts]
+        views = [value_views(d, writable=True) for d in dsts]
+        sizes = [sum(v.nbytes for v in pieces) for pieces in views]
         hits = nbytes = 0
         stopped: Optional[str] = None
         batch = self.cfg.read_batch
         for start in range(0, len(hashes), batch):
             hs = hashes[start:start + batch]
             dv = views[start:start + batch]
+            dn = sizes[start:start + batch]
             staging = bytearray(HEADER_BYTES * len(hs))
             sv = memoryview(staging)
             heads = [sv[i * HEADER_BYTES:(i + 1) * HEADER_BYTES] for i in range(len(hs))]
             verdict: list[Any] = [None] * len(hs)
 
             def accept(i: int, length: int, head: memoryview) -> bool:
-                reason, token = self.codec.check_header(head, hs[i], kind, length, dv[i].nbytes)
+                reason, token = self.codec.check_header(head, hs[i], kind, length, dn[i])
                 verdict[i] = reason if reason is not None else token
                 return reason is None
 
             keys = [self.key(h, kind) for h in hs]
             ok, lengths = self._call("get", lambda: self.backend.get_into(
-                keys, [[heads[i], dv[i]] for i in range(len(hs))], accept), retry=True)
+                keys, [[heads[i], *dv[i]] for i in range(len(hs))], accept), retry=True)
             if not ok:
                 stopped = lengths  # "breaker_open" or "fault"
                 break
@@ -194,19 +207,19 @@ class L3Store:
                     break
                 v = verdict[i]
                 if v is None:  # accept was not called: the value ended inside the header
-                    v, _ = self.codec.check_header(heads[i], hs[i], kind, length, dv[i].nbytes)
+                    v, _ = self.codec.check_header(heads[i], hs[i], kind, length, dn[i])
                     v = v or Reject.TRUNCATED
                 if isinstance(v, Reject):
                     stopped = v.value
                     self.rejected.add(v.value)
                     break
-                bad = self.codec.check_payload([dv[i]], v)
+                bad = self.codec.check_payload(dv[i], v)
                 if bad is not None:
                     stopped = bad.value
                     self.rejected.add(bad.value)
                     break
                 hits += 1
-                nbytes += dv[i].nbytes
+                nbytes += dn[i]
             if stopped is not None:
                 break
             if progress is not None and not progress(hits):
@@ -217,26 +230,30 @@ class L3Store:
         return GetResult(hits, nbytes, stopped)
 
     # -- writes -------------------------------------------------------------------------
-    def put(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Buffer]) -> list[bool]:
-        """Store objects synchronously (no retry); False where refused, failed or short-circuited."""
+    def put(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Value]) -> list[bool]:
+        """Store objects synchronously (no retry); False where refused, failed or short-circuited.
+
+        Each source is a buffer or a gather list of buffers (the payload is their
+        concatenation; nothing is glued together on the way).
+        """
         kind = as_kind(kind)
         if len(hashes) != len(srcs):
             raise MisuseError(f"put: {len(hashes)} hashes but {len(srcs)} sources")
         if not hashes:
             return []
-        views = [byte_view(s, writable=False) for s in srcs]
+        views = [value_views(s, writable=False) for s in srcs]
         keys = [self.key(h, kind) for h in hashes]
         # Deferred headers: a streaming backend hashes each payload just before sending it.
         if getattr(self.backend, "accepts_deferred", False):
-            values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, [v])), v]
+            values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, v)), *v]
                       for h, v in zip(hashes, views)]
         else:  # a backend written to the plain contract gets bytes
-            values = [[self.codec.header(h, kind, [v]), v] for h, v in zip(hashes, views)]
+            values = [[self.codec.header(h, kind, v), *v] for h, v in zip(hashes, views)]
         ok, stored = self._call("put", lambda: self.backend.put(keys, values), retry=False)
         stored = list(stored) if ok else [False] * len(keys)
         good = sum(stored)
         self._count(puts=1, put_objects=len(keys), put_ok=good, put_failed=len(keys) - good,
-                    put_bytes=sum(v.nbytes for v, s in zip(views, stored) if s))
+                    put_bytes=sum(sum(p.nbytes for p in v) for v, s in zip(views, stored) if s))
         return stored
 
     def delete(self, hashes: Sequence[PageHash], kind: "ObjectKind | str" = ObjectKind.PAGE) -> int:
@@ -256,7 +273,7 @@ class L3Store:
                     self._backup = BackupQueue(self)
         return self._backup
 
-    def put_async(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Buffer],
+    def put_async(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Value],
                   *, tag: Any = None, on_done: Optional[Callable] = None):
         """Queue a backup; never blocks. Returns a :class:`~hicache.storage.backup.PutTicket`.
 
