@@ -48,8 +48,7 @@ def venv_python() -> Path:
 
 def test_sglang_controller_suite_under_the_sglang_venv(venv_python, tmp_path):
     report = tmp_path / "sglang.xml"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HICACHE_SGLANG_INNER": "1",
-           "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HICACHE_SGLANG_INNER": "1"}
     proc = subprocess.run([str(venv_python), "-m", "pytest", INNER, "-q", "-rs", "-p", "no:cacheprovider",
                            "-W", "ignore::UserWarning", "-W", "ignore::DeprecationWarning",
                            f"--junitxml={report}"],
