@@ -11,6 +11,10 @@ and each one replaces exactly a call that needs CUDA (see ``../shared/sglang-cpu
 * ``MHATokenToKVPoolHost`` device<->host copies for the ``kernel`` io backend call
   ``sgl_kernel`` CUDA ops; on CPU an indexed torch copy per layer moves the same rows for
   the ``page_first`` and ``layer_first`` host layouts (anything else still goes to SGLang).
+
+Not about the CPU but about a shared test machine: SGLang refuses any host pool unless
+10 GiB of RAM stay free beside it (``HICACHE_HOST_MEMORY_RESERVE_BYTES``); the test pools
+are kilobytes, so the reserve is 0 here and a busy machine does not fail them.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ def _unpinned_dummy_page(self):
 def apply() -> list:
     """Apply every patch; returns the started patchers (``stop()`` undoes them)."""
     install_import_stubs()
+    import sglang.srt.mem_cache.pool_host.base as host_base
     import sglang.srt.mem_cache.pool_host.common as host_common
     import sglang.test.kits.unified_radix_cache.fixtures as kit_fixtures
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
@@ -114,6 +119,7 @@ def apply() -> list:
     patchers = [
         mock.patch.object(kit_fixtures, "get_device", lambda *a, **k: "cpu"),
         mock.patch.object(host_common, "_cuda_host_register", lambda *a, **k: None),
+        mock.patch.object(host_base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 0),
         mock.patch.object(MHATokenToKVPoolHost, "backup_from_device_all_layer",
                           _cpu_d2h(MHATokenToKVPoolHost.backup_from_device_all_layer)),
         mock.patch.object(MHATokenToKVPoolHost, "load_to_device_per_layer",
