@@ -22,7 +22,7 @@ from tests.redis_server import REDIS_SERVER
 
 ROOT = Path(__file__).resolve().parents[2]
 INNER = "tests/integrations/sglang_engine"
-NEEDED = ("sglang", "pytest", "xxhash", "yaml", "psutil", "torch")
+NEEDED = ("sglang", "pytest", "hypothesis", "xxhash", "yaml", "psutil", "torch")
 
 
 def sglang_venv() -> Path:
@@ -35,14 +35,14 @@ def venv_python() -> Path:
     py = venv / "bin" / "python"
     if not py.exists():
         pytest.skip(f"no SGLang venv at {venv}: build it with ../shared/tools/setup_sglang_venv.sh {venv} "
-                    f"plus `{venv}/bin/pip install xxhash pyyaml psutil pytest` (.ci/run does both), "
+                    f"plus `{venv}/bin/pip install xxhash pyyaml psutil pytest hypothesis` (.ci/run does both), "
                     "or point HICACHE_SGLANG_VENV at one")
     probe = subprocess.run([str(py), "-c", f"import importlib.util as u, sys; "
                             f"missing = [m for m in {NEEDED!r} if u.find_spec(m) is None]; "
                             f"sys.exit(','.join(missing) if missing else 0)"],
                            capture_output=True, text=True, timeout=120)
     assert probe.returncode == 0, (f"the SGLang venv at {venv} lacks {probe.stderr.strip()}: "
-                                   f"{venv}/bin/pip install xxhash pyyaml psutil pytest")
+                                   f"{venv}/bin/pip install xxhash pyyaml psutil pytest hypothesis")
     return py
 
 

@@ -9,11 +9,14 @@ Mamba state pool, so the staging path is covered too.
 
 from __future__ import annotations
 
-import random
+import hashlib
+import tempfile
 import threading
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sglang.srt.mem_cache.hicache_storage import (HiCacheFile, HiCacheStorageConfig, PoolHitPolicy, PoolName,
                                                   PoolTransfer)
 from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -84,50 +87,77 @@ def backend(url: str, pools: dict, **kw) -> HiCacheStorageBackend:
 
 
 def keys(n: int, tag: str = "k") -> list[str]:
-    import hashlib
-
     return [hashlib.sha256(f"{tag}{i}".encode()).hexdigest() for i in range(n)]
 
 
-def test_v2_hit_rule_matches_sglang_file_backend(tmp_path):
-    """Random presence patterns written to both; batch_exists_v2 must give the same
-    usable prefix, per-pool verdicts and restorable stop points as SGLang's HiCacheFile."""
-    rng = random.Random(15)
-    shapes: set = set()
-    for trial in range(40):
-        n = rng.randint(1, 10)
-        ks = keys(n, f"t{trial}-")
-        pools = {"kv": FakePool(), "swa": FakePool(seed=1), "deepseek_v4_c4": FakePool(seed=2)}
-        ours = backend(f"memory://hit-rule-{trial}", pools)
-        ref = HiCacheFile(storage_config({"file_storage_path": str(tmp_path / str(trial))}))
+_N = st.integers(1, 10)
+
+
+@st.composite
+def presence(draw):
+    """Which pages of an n-page chain each pool holds: KV and the history pool mostly whole
+    prefixes, the trailing pool any subset (windows with holes)."""
+    n = draw(_N)
+    return {"n": n, "kv": list(range(draw(st.integers(0, n)))),
+            "deepseek_v4_c4": list(range(draw(st.integers(0, n)))),
+            "swa": [i for i in range(n) if draw(st.booleans())],
+            "window": draw(st.integers(1, 3)), "swa_first": draw(st.booleans())}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(p=presence())
+def test_v2_hit_rule_matches_sglang_file_backend(p):
+    """Presence patterns written to both; batch_exists_v2 must give the same usable prefix,
+    per-pool verdicts and restorable stop points as SGLang's own HiCacheFile."""
+    n = p["n"]
+    tag = hashlib.sha256(repr(p).encode()).hexdigest()[:12]
+    ks = keys(n, tag)
+    pools = {"kv": FakePool(), "swa": FakePool(seed=1), "deepseek_v4_c4": FakePool(seed=2)}
+    with tempfile.TemporaryDirectory() as ref_dir:
+        ours = backend(f"memory://hit-rule-{tag}", pools)
+        ref = HiCacheFile(storage_config({"file_storage_path": ref_dir}))
         ref.register_mem_pool_host(pools["kv"])
         for name, pool in pools.items():
             ref.register_mem_host_pool_v2(pool, PoolName(name))
-        # KV and history: mostly whole prefixes; the trailing pool: windows with holes
-        present = {"kv": list(range(n - min(n, rng.choice([0, 0, 1, 3])))),
-                   "deepseek_v4_c4": list(range(rng.randint(n // 2, n))),
-                   "swa": [i for i in range(n) if rng.random() < 0.7]}
-        kv_pages = present["kv"]
-        assert ours.batch_set([ks[i] for i in kv_pages], [pools["kv"].get_data_page(i * PS) for i in kv_pages])
-        assert ref.batch_set([ks[i] for i in kv_pages], [pools["kv"].get_data_page(i * PS) for i in kv_pages])
-        window = rng.randint(1, 3)
+        kv_pages = p["kv"]
+        for b in (ours, ref):
+            assert b.batch_set([ks[i] for i in kv_pages], [pools["kv"].get_data_page(i * PS) for i in kv_pages])
         policy = {"swa": TRAILING, "deepseek_v4_c4": ALL}
         for name in ("swa", "deepseek_v4_c4"):
-            pages = present[name]
+            pages = p[name]
             t = PoolTransfer(name=PoolName(name), keys=[ks[i] for i in pages],
                              host_indices=pools[name].rows(pages), hit_policy=policy[name])
             for b in (ours, ref):
                 assert all(b.batch_set_v2([t])[PoolName(name)])
-        query = [PoolTransfer(name=PoolName.SWA, keys=ks[:window], hit_policy=TRAILING),
+        query = [PoolTransfer(name=PoolName.SWA, keys=ks[:p["window"]], hit_policy=TRAILING),
                  PoolTransfer(name=PoolName.DEEPSEEK_V4_C4, keys=ks, hit_policy=ALL)]
-        rng.shuffle(query)
+        if not p["swa_first"]:
+            query.reverse()
         got, want = ours.batch_exists_v2(ks, query), ref.batch_exists_v2(ks, query)
-        shapes.add(tuple(got.restorable_prefix_pages))
-        assert (got.kv_hit_pages, dict(got.extra_pool_hit_pages), got.restorable_prefix_pages) == \
-            (want.kv_hit_pages, dict(want.extra_pool_hit_pages), want.restorable_prefix_pages), (trial, present)
         ours.close()
-    # the patterns reached empty hits, full hits and restorable sets with holes
-    assert () in shapes and any(len(s) > 1 and s[-1] - s[0] + 1 > len(s) for s in shapes)
+    assert (got.kv_hit_pages, dict(got.extra_pool_hit_pages), got.restorable_prefix_pages) == \
+        (want.kv_hit_pages, dict(want.extra_pool_hit_pages), want.restorable_prefix_pages)
+
+
+def test_v2_hit_rule_example_with_holes():
+    """One pattern worked by hand: 8 pages of KV and history, the SWA window (2 pages)
+    present at pages 2-3 and 6-7: the restorable stop points are 4 and 8."""
+    pools = {"kv": FakePool(), "swa": FakePool(seed=1), "deepseek_v4_c4": FakePool(seed=2)}
+    ks = keys(8, "holes")
+    b = backend("memory://holes", pools)
+    b.batch_set(ks, [pools["kv"].get_data_page(i * PS) for i in range(8)])
+    for name, pages, policy in (("deepseek_v4_c4", range(7), ALL), ("swa", [2, 3, 6, 7], TRAILING)):
+        b.batch_set_v2([PoolTransfer(name=PoolName(name), keys=[ks[i] for i in pages],
+                                     host_indices=pools[name].rows(pages), hit_policy=policy)])
+    swa = PoolTransfer(name=PoolName.SWA, keys=ks[:2], hit_policy=TRAILING)
+    res = b.batch_exists_v2(ks, [swa])
+    assert (res.kv_hit_pages, res.restorable_prefix_pages) == (8, [4, 8])
+    assert dict(res.extra_pool_hit_pages) == {PoolName.KV: 8, PoolName.SWA: 8}
+    hist = PoolTransfer(name=PoolName.DEEPSEEK_V4_C4, keys=ks, hit_policy=ALL)
+    res = b.batch_exists_v2(ks, [swa, hist])   # history stops after page 7: only 4 is left
+    assert (res.kv_hit_pages, res.restorable_prefix_pages) == (4, [4])
+    assert dict(res.extra_pool_hit_pages) == {PoolName.KV: 8, PoolName.SWA: 8, PoolName.DEEPSEEK_V4_C4: 7}
+    b.close()
 
 
 def test_deepseek_v4_shaped_pools_round_trip():
