@@ -69,6 +69,7 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self._release_after_put: set = set()  # exclusive tier: nodes/snapshots loaded while an L3 put read them
         self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
         self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
+        self._acks: list = []  # finished copies collected, applied by poll()/drain() only
         self._closed = False
         self._init_l3()
 

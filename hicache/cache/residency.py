@@ -104,8 +104,16 @@ class ResidencyMixin:
         return freed
 
     def _alloc(self, tier: str, source: str, n: int):
+        """Allocate ``n`` ids, evicting if needed -- but only when eviction can succeed.
+
+        Feasibility comes first: a request for more than the tier could ever free (its
+        capacity, or what is free plus what is not pinned) is refused with nothing evicted,
+        so an impossible ask never wipes the cache for nothing.
+        """
         pools = getattr(self.pools, tier)
         short = n - pools.num_free(source)
+        if short > 0 and (n > pools.capacity(source) or short > self._evictable(tier, source)):
+            return pools.alloc(source, n)  # NoRoom: nothing allocated, nothing evicted
         if short > 0:
             evict = {("device", "page"): self._evict_device_pages,
                      ("host", "page"): self._evict_host_pages,
@@ -115,6 +123,17 @@ class ResidencyMixin:
         return pools.alloc(source, n)
 
     # -- eviction -----------------------------------------------------------------------
+    def _evictable(self, tier: str, source: str) -> int:
+        """An upper bound on what eviction could free in ``tier`` (pinned copies excluded)."""
+        if source == "state":
+            want_device = tier == "device"
+            return sum(1 for _, s in self.tree.snapshots() if not s.lock and (
+                s.device_id is not None if want_device else (s.host_id is not None and s.device_id is None)))
+        if tier == "device":
+            return sum(n.num_pages for n in self.tree.nodes() if n.on_device and n.lock_device == 0)
+        return sum(n.num_pages for n in self.tree.nodes()
+                   if n.is_shadow and n.lock_device == 0 and n.lock_host == 0)
+
     def _subtree_pinned(self, node: TreeNode) -> bool:
         """True if dropping ``node`` would remove a copy someone is reading (load, put)."""
         stack = [node]
@@ -251,23 +270,54 @@ class ResidencyMixin:
 
     def _submit(self, direction: str, source: str, src: np.ndarray, dst: np.ndarray, tag: Any,
                 *, sync: bool = False):
-        """Queue one copy; under backpressure, drain what is in flight and queue again."""
+        """Queue one copy; under backpressure, wait for in-flight copies and queue again.
+
+        Never applies an ack of another copy: waiting for room only *collects* finished
+        acks (:meth:`_collect_acks`); they take effect in :meth:`poll`/:meth:`drain`, between
+        engine calls. ``load()``, ``alloc_pages()`` and ``publish()`` therefore see a tree
+        that changes only by what they do themselves -- a load that failed meanwhile keeps
+        its ticket (and its lease sees the failure) until the engine polls. ``sync=True``
+        (write_back eviction) waits for this copy and applies its own ack alone.
+        """
         handle = self.ctl.copy(direction, source, src, dst, tag=tag)
-        if not isinstance(handle, (CopyHandle, LoadHandle)):  # QueueFull
-            self.drain()
+        while not isinstance(handle, (CopyHandle, LoadHandle)):  # QueueFull
+            self._wait_for_queue_room()
             handle = self.ctl.copy(direction, source, src, dst, tag=tag)
-            assert isinstance(handle, (CopyHandle, LoadHandle)), f"queue still full after a drain: {handle}"
         self._inflight[id(tag)] = tag
         self._handles[id(tag)] = handle
         if sync:
             self.ctl.step()
             handle.wait()
-            self._process_acks()
+            self._collect_acks()
+            self._apply_acks(own=tag)
         return handle
 
+    def _wait_for_queue_room(self) -> None:
+        """Launch what is queued and wait for every in-flight copy; collect, not apply, acks."""
+        self.ctl.step()
+        for handle in list(self._handles.values()):
+            handle.wait()
+        before = len(self._acks)
+        self._collect_acks()
+        assert len(self._acks) > before, "transfer queue full with no copy in flight"
+
     # -- acks ---------------------------------------------------------------------------
+    def _collect_acks(self) -> None:
+        """Take finished acks from the controller (freeing queue room) without applying them."""
+        self._acks.extend(self.ctl.poll())
+
     def _process_acks(self) -> int:
-        acks = self.ctl.poll()
+        """Apply every finished ack (only from ``poll``/``drain``: never inside an engine call)."""
+        self._collect_acks()
+        return self._apply_acks()
+
+    def _apply_acks(self, own: Any = None) -> int:
+        """Apply collected acks in submission order; ``own``: only the ack of that tag."""
+        if own is None:
+            acks, self._acks = self._acks, []
+        else:
+            acks = [a for a in self._acks if a.tag is own]
+            self._acks = [a for a in self._acks if a.tag is not own]
         for ack in acks:
             tag = ack.tag
             self._inflight.pop(id(tag), None)
