@@ -66,6 +66,9 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
         self._loading_snaps: dict[int, object] = {}  # id(snapshot) -> load handle (None: queued)
+        # provisional snapshots whose owner moved on while another holder still used them;
+        # each is dropped (and counted) at its last unlock
+        self._orphans: dict[Snapshot, TreeNode] = {}
         self._release_after_put: set = set()  # exclusive tier: nodes/snapshots loaded while an L3 put read them
         self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
         self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
@@ -207,7 +210,10 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
     def _pin(self, node: TreeNode, snap: Snapshot | None, delta: int) -> None:
         self.tree.lock(node, delta)
         if snap is not None:
-            snap.lock += delta
+            if delta > 0:
+                snap.lock += delta
+            else:
+                self._unlock_snapshot(snap)
 
     def _device_resume(self, path: PathMatch) -> _Resume:
         """The deepest resume point that needs no load (fallback when the device is full)."""

@@ -81,6 +81,7 @@ class ResidencyMixin:
         if snap.host_id is not None:
             self._free("host", "state", [snap.host_id])
         node.snapshot = None
+        self._orphans.pop(snap, None)
 
     def _remove_subtree(self, node: TreeNode) -> int:
         """Free every copy under and including ``node`` and detach it; returns host pages freed."""
@@ -100,6 +101,8 @@ class ResidencyMixin:
                 self._free("host", "page", n.host_ids)
                 n.host_ids = None
             self._drop_snapshot(n)
+            if self.store is not None:
+                self._forget_unstored(n)
             self.tree.remove(n)
         return freed
 
@@ -139,7 +142,7 @@ class ResidencyMixin:
         stack = [node]
         while stack:
             n = stack.pop()
-            if n.lock_host or n.lock_device or self._busy(n):
+            if n.lock_host or n.lock_device or self._busy(n) or n in self._prefetch_pins:
                 return True
             stack.extend(n.children.values())
         return False
@@ -197,7 +200,7 @@ class ResidencyMixin:
         for node in host_victims(self.tree, self.strategy):
             if freed >= need:
                 break
-            if self._busy(node) or (node.snapshot is not None and node.snapshot.lock):
+            if self._busy(node) or (node.snapshot is not None and node.snapshot.lock) or node in self._prefetch_pins:
                 continue
             freed += self._remove_subtree(node)
             self.counters.host_evicted_pages += node.num_pages
@@ -225,6 +228,7 @@ class ResidencyMixin:
                 self.counters.snapshots_evicted_device += 1
             if snap.empty and node.snapshot is snap:
                 node.snapshot = None
+                self._orphans.pop(snap, None)
             freed += 1
         if to_backup:
             self._backup_snapshots(to_backup, sync=True)
@@ -234,6 +238,7 @@ class ResidencyMixin:
                 if snap.empty:
                     self.counters.snapshots_evicted_device += 1
                     node.snapshot = None
+                    self._orphans.pop(snap, None)
         return freed
 
     # -- backups ------------------------------------------------------------------------
@@ -333,6 +338,7 @@ class ResidencyMixin:
                 else:
                     self._free("host", "state", [tag.dst])
                     self.counters.backup_failures += not ack.ok
+                self._settle_orphan(tag.snap)
             elif isinstance(tag, Load):
                 self._ack_load(tag, ack.ok)
             self._handles.pop(id(tag), None)
@@ -370,7 +376,10 @@ class ResidencyMixin:
         """
         if self.config.write.host_tier != "exclusive":
             return
-        if node.host_ids is None or node.device_ids is None or node.lock_host or node.backup_pending:
+        if node.host_ids is None or node.device_ids is None or node.backup_pending:
+            return
+        # lock_host counts every reader of the host rows: in-flight loads and the L3 put.
+        if node.lock_host > (node.l3_put is not None):
             return  # another load still reads the host rows: the last one frees them
         if node.l3_put is not None:
             self._release_after_put.add(node)  # the put reads them: it frees them when done
@@ -422,6 +431,7 @@ class ResidencyMixin:
             else:
                 self._free("device", "state", [tag.snap.device_id])
                 tag.snap.device_id = None
+            self._settle_orphan(tag.snap)
         if ok:
             self.counters.loaded_pages += sum(n.num_pages for n in done)
             self.counters.snapshots_loaded += tag.snap is not None

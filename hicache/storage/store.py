@@ -36,6 +36,12 @@ from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounte
 from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
 
 
+# Rejections that mean the stored value is bad for this key (deleted and rewritten).
+# Another format version, or a checksum this process cannot compute, is left alone: the
+# value may be fine for the process that wrote it.
+REPAIRABLE = frozenset({Reject.TRUNCATED, Reject.CORRUPT, Reject.FOREIGN, Reject.WRONG_SIZE})
+
+
 @dataclass(frozen=True)
 class GetResult:
     """``hits`` leading objects were read and verified into their destinations.
@@ -91,6 +97,10 @@ class L3Store:
         self._counts: Counter[str] = Counter()
         self._backup = None
         self._closed = False
+        # Keys whose value a read rejected (corrupt, truncated, foreign): deleted at once,
+        # and overwritten by the next backup even if the delete failed -- a bad object must
+        # never block its page (and every later page of the chain) for good.
+        self._bad_keys: set[str] = set()
 
     @property
     def namespace(self) -> str:
@@ -196,14 +206,13 @@ class L3Store:
                 if v is None:  # accept was not called: the value ended inside the header
                     v, _ = self.codec.check_header(heads[i], hs[i], kind, length, dv[i].nbytes)
                     v = v or Reject.TRUNCATED
+                if not isinstance(v, Reject):
+                    v = self.codec.check_payload([dv[i]], v) or v
                 if isinstance(v, Reject):
                     stopped = v.value
                     self.rejected.add(v.value)
-                    break
-                bad = self.codec.check_payload([dv[i]], v)
-                if bad is not None:
-                    stopped = bad.value
-                    self.rejected.add(bad.value)
+                    if v in REPAIRABLE:
+                        self._repair(keys[i])
                     break
                 hits += 1
                 nbytes += dv[i].nbytes
@@ -234,10 +243,36 @@ class L3Store:
             values = [[self.codec.header(h, kind, [v]), v] for h, v in zip(hashes, views)]
         ok, stored = self._call("put", lambda: self.backend.put(keys, values), retry=False)
         stored = list(stored) if ok else [False] * len(keys)
+        if self._bad_keys:
+            with self._lock:
+                self._bad_keys.difference_update(k for k, s in zip(keys, stored) if s)
         good = sum(stored)
         self._count(puts=1, put_objects=len(keys), put_ok=good, put_failed=len(keys) - good,
                     put_bytes=sum(v.nbytes for v, s in zip(views, stored) if s))
         return stored
+
+    def _repair(self, key: str) -> None:
+        """A read rejected ``key``'s value: delete it and let the next backup overwrite it."""
+        with self._lock:
+            if len(self._bad_keys) < 65536:
+                self._bad_keys.add(key)
+        ok, n = self._call("delete", lambda: self.backend.delete([key]), retry=False)
+        self._count(repaired_deleted=int(bool(ok and n)))
+
+    def must_overwrite(self, hashes: Sequence[PageHash], kind: "ObjectKind | str") -> list[bool]:
+        """Per object: was its stored value rejected by a read (so a backup must rewrite it)?"""
+        with self._lock:
+            if not self._bad_keys:
+                return [False] * len(hashes)
+            return [self.key(h, kind) in self._bad_keys for h in hashes]
+
+    def backup_room(self) -> int:
+        """Objects worth queueing for backup now: the queue's room while the breaker is
+        closed, one object (a probe) once an open breaker's cooldown has passed, else 0."""
+        if self._closed or not self.breaker.would_allow():
+            return 0
+        room = self.backup.room()
+        return room if self.breaker.state == "closed" else min(room, 1)
 
     def delete(self, hashes: Sequence[PageHash], kind: "ObjectKind | str" = ObjectKind.PAGE) -> int:
         keys = [self.key(h, kind) for h in hashes]
