@@ -202,7 +202,15 @@ class PrometheusExporter:
         Path(path).write_text(self.text())
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Expose the registry over HTTP on ``addr:port`` (a daemon thread)."""
+        """Expose the registry over HTTP on ``addr:port`` (a daemon thread; :meth:`close` stops it)."""
         import prometheus_client as prom
 
-        prom.start_http_server(port, addr=addr, registry=self.registry)
+        self._server = prom.start_http_server(port, addr=addr, registry=self.registry)
+
+    def close(self) -> None:
+        """Stop the HTTP server :meth:`serve` started (prometheus-client >= 0.20 returns it)."""
+        server = getattr(self, "_server", None)
+        self._server = None
+        if isinstance(server, tuple) and hasattr(server[0], "shutdown"):
+            server[0].shutdown()
+            server[0].server_close()

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, ClassVar, Optional
@@ -109,7 +110,8 @@ class HiCacheSecondaryTier(SecondaryTierManager):
 
     def __init__(self, offloading_spec: Any, primary_kv_view: memoryview, tier_type: str,
                  url: str = "memory://", salt: Optional[str] = None, threads: int = 2,
-                 l3: Optional[dict] = None, locality: Optional[str] = None, backpressure_detector: Any = None):
+                 l3: Optional[dict] = None, locality: Optional[str] = None, metrics_port: Optional[int] = None,
+                 metrics_addr: str = "127.0.0.1", backpressure_detector: Any = None):
         super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view, tier_type=tier_type,
                          backpressure_detector=backpressure_detector)
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -137,6 +139,22 @@ class HiCacheSecondaryTier(SecondaryTierManager):
         self.counters: dict[str, int] = {k: 0 for k in (
             "lookups", "lookup_hits", "lookup_misses", "lookup_retries", "stores", "store_failures",
             "stored_chunks", "skipped_chunks", "loads", "load_failures", "loaded_chunks", "failed_chunks")}
+        self.exporter = None
+        self._exported_at = 0.0
+        if metrics_port is not None:
+            self._serve_metrics(metrics_port, metrics_addr, salt, spec_cfg)
+
+    def _serve_metrics(self, port: int, addr: str, model: str, spec_cfg: Any) -> None:
+        """The tier runs in vLLM's engine-core (scheduler) process, whose registry vLLM's
+        ``/metrics`` does not serve: export ours on a port of its own."""
+        from hicache.cache.metrics import PrometheusExporter
+
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise ConfigError("secondary_tiers.metrics_port", port, "must be a TCP port number")
+        dp = spec_cfg.parallel.data_parallel_index if isinstance(spec_cfg, OffloadingConfig) else 0
+        model = spec_cfg.model.name if isinstance(spec_cfg, OffloadingConfig) else model
+        self.exporter = PrometheusExporter(self, labels={"model_name": model, "rank": dp})
+        self.exporter.serve(port, addr)
 
     # -- lookups ------------------------------------------------------------------------
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
@@ -161,6 +179,9 @@ class HiCacheSecondaryTier(SecondaryTierManager):
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.flush()
+        if self.exporter is not None and time.monotonic() - self._exported_at >= 1.0:
+            self._exported_at = time.monotonic()
+            self.exporter.update()   # at most once a second; a scrape reads this copy
 
     # -- transfers ----------------------------------------------------------------------
     def _submit(self, job: TransferJob, kind: str) -> None:
@@ -233,6 +254,8 @@ class HiCacheSecondaryTier(SecondaryTierManager):
         self.runner.close()
         self._lookups.shutdown()
         self.stores.close()
+        if self.exporter is not None:
+            self.exporter.close()
 
     # -- stats --------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -213,3 +213,48 @@ def test_bad_tier_config_is_a_config_error():
         make_manager("memory://", l3={"no_such_field": 1})
     with pytest.raises(ConfigError, match="storage_url"):
         make_manager("nosuch://x")
+
+
+def test_tier_metrics_drop_into_a_registry(l3_url):
+    prom = pytest.importorskip("prometheus_client")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from hicache.cache.metrics import PrometheusExporter
+
+    m = make_manager(l3_url, groups=2)
+    tier = _tier(m)
+    registry = prom.CollectorRegistry()
+    exporter = PrometheusExporter(tier, registry=registry, labels={"model_name": "test/tiny-model", "rank": "0"})
+    ks = keys(range(2), group=0) + keys(range(2), group=1)
+    m.on_new_request(CTX)
+    store(m, ks, CTX)
+    settle(m)
+    exporter.update()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in text_string_to_metric_families(prom.generate_latest(registry).decode()) for s in f.samples}
+    lab = (("model_name", "test/tiny-model"), ("rank", "0"))
+    assert got[("hicache_stored_chunks_total", lab)] == 4
+    assert got[("hicache_stores_total", lab)] == 1
+    # one put per group store, summed over the two groups' stores
+    assert got[("hicache_l3_latency_seconds_count", tuple(sorted(lab + (("op", "put"),))))] == 2
+    assert got[("hicache_l3_breaker_state", tuple(sorted(lab + (("state", "closed"),))))] == 1.0
+    m.shutdown()
+
+
+def test_metrics_port_serves_the_tier_metrics():
+    pytest.importorskip("prometheus_client")
+    import urllib.request
+
+    from tests.redis_server import free_port
+
+    port = free_port()
+    m = make_manager("memory://", metrics_port=port)
+    m.on_new_request(CTX)
+    store(m, keys(range(3)), CTX)
+    settle(m)
+    _tier(m)._exported_at = 0.0   # the next step refreshes the copy
+    step(m)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'hicache_stored_chunks_total{model_name="test/tiny-model",rank="0"} 3.0' in text
+    assert 'hicache_l3_latency_seconds_count{model_name="test/tiny-model",op="put",rank="0"}' in text
+    m.shutdown()
