@@ -125,13 +125,19 @@ def test_failed_load_keeps_the_verified_prefix_and_stops_promoting(l3_url):
     writer.shutdown()
 
 
-def test_retry_while_the_store_is_in_flight(l3_url):
-    m = make_manager(l3_url)
-    tier = _tier(m)
+def _hold_puts(tier) -> threading.Event:
+    """Make the tier's L3 writes wait until the returned event is set."""
     gate = threading.Event()
     backend = tier.stores.backend
     real_put = backend.put
     backend.put = lambda ks_, vs: (gate.wait(10), real_put(ks_, vs))[1]
+    return gate
+
+
+def test_retry_while_the_store_is_in_flight(l3_url):
+    m = make_manager(l3_url)
+    tier = _tier(m)
+    gate = _hold_puts(tier)
     ks = keys(range(2))
     m.on_new_request(CTX)
     store(m, ks, CTX)
@@ -148,10 +154,7 @@ def test_retry_while_the_store_is_in_flight(l3_url):
 def test_reset_cache_drains_transfers_in_flight(l3_url):
     m = make_manager(l3_url)
     tier = _tier(m)
-    gate = threading.Event()
-    backend = tier.stores.backend
-    real_put = backend.put
-    backend.put = lambda ks_, vs: (gate.wait(10), real_put(ks_, vs))[1]
+    gate = _hold_puts(tier)
     ks = keys(range(3))
     m.on_new_request(CTX)
     store(m, ks, CTX)
