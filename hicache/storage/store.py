@@ -33,6 +33,7 @@ from hicache.storage.backend import StorageBackend
 from hicache.storage.buffers import Buffer, Deferred, byte_view
 from hicache.storage.config import L3Config
 from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounter, fault_name
+from hicache.storage.iostats import IO_OPS, IoStats
 from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
 
 
@@ -71,6 +72,8 @@ class StoreStats:
     backup_pending_bytes: int
     backend: Optional[dict[str, Any]] = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # get/put latency and bandwidth histograms (hicache.storage.iostats.IoStats.snapshot)
+    io: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"namespace": self.namespace, "counters": dict(self.counters), "rejected": dict(self.rejected),
@@ -78,7 +81,8 @@ class StoreStats:
                                                          "trips": self.breaker_trips,
                                                          "refused": self.breaker_refused},
                 "backup_pending_objects": self.backup_pending_objects,
-                "backup_pending_bytes": self.backup_pending_bytes, "backend": self.backend}
+                "backup_pending_bytes": self.backup_pending_bytes, "backend": self.backend,
+                "io": self.io}
 
 
 class L3Store:
@@ -101,6 +105,8 @@ class L3Store:
         # and overwritten by the next backup even if the delete failed -- a bad object must
         # never block its page (and every later page of the chain) for good.
         self._bad_keys: set[str] = set()
+        self.io = IoStats()               # get/put latency and bandwidth histograms
+        self._io_pending = threading.local()  # backend seconds of this thread's get/put so far
 
     @property
     def namespace(self) -> str:
@@ -111,9 +117,17 @@ class L3Store:
         return self.codec.key(h, kind)
 
     def _count(self, **kw: int) -> None:
+        """Add to the counters. A get's or put's totals (``gets=1, get_bytes=...``) also close
+        its histogram observation: the seconds :meth:`_call` timed on this thread for it."""
         with self._lock:
             for k, v in kw.items():
                 self._counts[k] += v
+        for op in IO_OPS:
+            if f"{op}s" in kw:
+                seconds = getattr(self._io_pending, op, None)
+                if seconds is not None:
+                    setattr(self._io_pending, op, None)
+                    self.io.observe(op, seconds, kw.get(f"{op}_bytes", 0))
 
     # -- guarded backend calls ----------------------------------------------------------
     def _call(self, op: str, fn: Callable[[], Any], *, retry: bool) -> tuple[bool, Any]:
@@ -124,9 +138,11 @@ class L3Store:
             if not self.breaker.allow():
                 self._count(**{f"{op}_short_circuited": 1})
                 return False, "breaker_open"
+            t0 = time.perf_counter()
             try:
                 result = fn()
             except StorageError as exc:
+                self._add_io_time(op, t0)
                 self.faults.add(fault_name(exc))
                 self.faults.add(f"{op}.{fault_name(exc)}")
                 if isinstance(exc, TRANSPORT_FAULTS):
@@ -135,9 +151,15 @@ class L3Store:
                         self._count(**{f"{op}_retries": 1})
                         continue
                 return False, "fault"
+            self._add_io_time(op, t0)
             self.breaker.record_success()
             return True, result
         raise AssertionError("unreachable: the loop returns")
+
+    def _add_io_time(self, op: str, t0: float) -> None:
+        if op in IO_OPS:
+            seconds = time.perf_counter() - t0
+            setattr(self._io_pending, op, (getattr(self._io_pending, op, None) or 0.0) + seconds)
 
     # -- reads --------------------------------------------------------------------------
     def lookup(self, hashes: Sequence[PageHash], kind: "ObjectKind | str" = ObjectKind.PAGE) -> int:
@@ -323,7 +345,8 @@ class L3Store:
             counts.update(bq.counters())
         return StoreStats(self.namespace, counts, self.rejected.snapshot(), self.faults.snapshot(),
                           self.breaker.state, self.breaker.trips, self.breaker.refused,
-                          bq.pending_objects if bq else 0, bq.pending_bytes if bq else 0, bstats)
+                          bq.pending_objects if bq else 0, bq.pending_bytes if bq else 0, bstats,
+                          io=self.io.snapshot())
 
     def close(self, timeout: float = 5.0) -> None:
         """Finish queued backups (up to ``timeout``), drop the rest, close the backend."""
