@@ -341,7 +341,8 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
                 out[f"{tier}_{source}s_total"] = pools.capacity(source)
         out["running_requests"] = len(self._leases)
         l3 = self.l3_stats()
-        out["l3_errors"] = sum(l3.get("faults", {}).values()) if l3 else 0
+        # faults are counted by type ("timeout") and by operation ("get.timeout"): one of each
+        out["l3_errors"] = sum(v for k, v in l3.get("faults", {}).items() if "." not in k) if l3 else 0
         out["l3_rejected"] = sum(l3.get("rejected", {}).values()) if l3 else 0
         out["hit_rate"] = self.counters.hit_tokens / self.counters.match_tokens if self.counters.match_tokens else 0.0
         return out

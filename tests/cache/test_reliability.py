@@ -447,3 +447,14 @@ def test_an_open_prefetch_pins_its_prefix_against_removal_not_against_demotion()
     cache.finish_prefetch(pf)
     cache.check_integrity()
     cache.close()
+
+
+def test_l3_errors_counts_each_fault_once(flaky_l3):
+    eng = Engine(make_cache(mha_layout(), write_policy="write_through"))
+    cache = eng.cache
+    flaky_l3["b"].outage = True
+    eng.run(toks(1, extra=1))
+    faults = cache.l3_stats()["faults"]
+    by_type = sum(v for k, v in faults.items() if "." not in k)
+    assert by_type > 0 and cache.stats()["l3_errors"] == by_type
+    cache.close()
