@@ -66,9 +66,13 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
         self._loading_snaps: dict[int, object] = {}  # id(snapshot) -> load handle (None: queued)
+        # provisional snapshots whose owner moved on while another holder still used them;
+        # each is dropped (and counted) at its last unlock
+        self._orphans: dict[Snapshot, TreeNode] = {}
         self._release_after_put: set = set()  # exclusive tier: nodes/snapshots loaded while an L3 put read them
         self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
         self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
+        self._acks: list = []  # finished copies collected, applied by poll()/drain() only
         self._closed = False
         self._init_l3()
 
@@ -206,7 +210,10 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
     def _pin(self, node: TreeNode, snap: Snapshot | None, delta: int) -> None:
         self.tree.lock(node, delta)
         if snap is not None:
-            snap.lock += delta
+            if delta > 0:
+                snap.lock += delta
+            else:
+                self._unlock_snapshot(snap)
 
     def _device_resume(self, path: PathMatch) -> _Resume:
         """The deepest resume point that needs no load (fallback when the device is full)."""
@@ -334,7 +341,8 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
                 out[f"{tier}_{source}s_total"] = pools.capacity(source)
         out["running_requests"] = len(self._leases)
         l3 = self.l3_stats()
-        out["l3_errors"] = sum(l3.get("faults", {}).values()) if l3 else 0
+        # faults are counted by type ("timeout") and by operation ("get.timeout"): one of each
+        out["l3_errors"] = sum(v for k, v in l3.get("faults", {}).items() if "." not in k) if l3 else 0
         out["l3_rejected"] = sum(l3.get("rejected", {}).values()) if l3 else 0
         out["hit_rate"] = self.counters.hit_tokens / self.counters.match_tokens if self.counters.match_tokens else 0.0
         return out

@@ -3,6 +3,7 @@
     hicache replay --config PATH [--workload synthetic|sharegpt|long-context | --trace FILE]
                    [--conversations N] [--seed S] [--storage URL] [--device-gib X] [--host-gib Y]
                    [--retention N|none] [--json] [--plot FILE.png] [--requests-out FILE.jsonl]
+                   [--metrics-out FILE.prom]
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="hit rate over time per tier (needs matplotlib)")
     p.add_argument("--requests-out", metavar="FILE.jsonl", help="one line per request, in arrival order")
+    p.add_argument("--metrics-out", metavar="FILE.prom",
+                   help="write the Prometheus exposition text of the cache's metrics at the end "
+                        "(labels model_name and rank=0; needs prometheus-client)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
 
@@ -139,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
         engine = ReferenceEngine(cache, ecfg, progress=Progress("replay", len(requests), enabled=not args.quiet))
         report = engine.run(requests)
         summary = build_summary(cache, report, requests, layout, ecfg)
+        if args.metrics_out:
+            from hicache.cache.metrics import PrometheusExporter
+
+            PrometheusExporter(cache, labels={"model_name": layout.model or path.stem, "rank": 0}).write(args.metrics_out)
     finally:
         cache.close()
     emit(args, summary, report,

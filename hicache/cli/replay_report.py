@@ -57,6 +57,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "preemptions": report.preemptions,
         "readmission_recomputed_tokens": sum(r.readmission_recomputed_tokens for r in recs),
         "rejected_requests": report.rejected,
+        "finished_requests": sum(r.finished for r in recs),
         "d2h_bytes": t["d2h"]["bytes"], "d2h_gbps": round(t["d2h"]["gbps"], 2),
         "h2d_bytes": t["h2d"]["bytes"], "h2d_gbps": round(t["h2d"]["gbps"], 2),
         "l3_put_objects": s["l3_put_objects"], "l3_put_dropped": s["l3_put_dropped"],

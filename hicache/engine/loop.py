@@ -87,6 +87,7 @@ class RequestRecord:
     mismatched_pages: int = 0
     finish_step: int = 0
     rejected: bool = False   # needs more device pages than the device has: never run
+    finished: bool = False   # ran to its last output token
 
 
 @dataclass
@@ -288,7 +289,10 @@ class ReferenceEngine:
                     self.report.rejected += 1
                     next_turn(str(req.conversation_id))
                     continue
-                if self._start_prefetch(req):
+                # A request waits one step for its L3 prefetch on first admission only: a
+                # retried one (preempted, or a failed load) runs with what has landed, so
+                # no request is deferred forever.
+                if self._start_prefetch(req) and not from_retry:
                     deferred.append(req)
                 else:
                     running.append(self._admit(req))
@@ -321,6 +325,7 @@ class ReferenceEngine:
                         self._release(run)
                         running.remove(run)
                         run.record.finish_step = self.report.steps
+                        run.record.finished = True
                         finished += 1
                         next_turn(str(run.req.conversation_id))
                         budget -= target - before

@@ -121,6 +121,13 @@ class BackupQueue:
         with self._cv:
             return self._cv.wait_for(lambda: not self._queue and not self._busy, timeout)
 
+    def room(self) -> int:
+        """Objects a :meth:`submit` would accept now (by the object bound; 0 when closing)."""
+        with self._cv:
+            if self._closing:
+                return 0
+            return max(self.max_objects - self._pending_objects, 0)
+
     @property
     def pending_objects(self) -> int:
         with self._cv:
@@ -169,6 +176,8 @@ class BackupQueue:
         for s in range(0, len(t.hashes), self.batch):
             hs, vs = t.hashes[s:s + self.batch], t.views[s:s + self.batch]
             have = store.exists(hs, t.kind) if self.skip_existing else [False] * len(hs)
+            if any(have):  # a value a read rejected is rewritten, never skipped
+                have = [h and not bad for h, bad in zip(have, store.must_overwrite(hs, t.kind))]
             todo = [i for i, h in enumerate(have) if not h]
             t.skipped_existing += len(hs) - len(todo)
             result = store.put([hs[i] for i in todo], t.kind, [vs[i] for i in todo]) if todo else []

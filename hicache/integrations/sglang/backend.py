@@ -311,9 +311,10 @@ class HiCacheStorageBackend(HiCacheStorage):
 
     def clear(self) -> None:
         """Not done from one engine: the store is shared by every engine using the URL.
-        Pages of a retired model age out (LRU), or an operator purges its namespaces."""
-        logger.warning("hicache L3: clear() ignored; the store %s may be shared. Namespaces of this "
-                       "engine: %s", mask_url(self.cfg.url), self.namespaces())
+        Pages of a retired model age out (LRU), or an operator purges its namespaces with
+        ``hicache l3 purge --url URL --namespace NS``."""
+        logger.warning("hicache L3: clear() ignored; the store %s may be shared. Purge this engine's "
+                       "namespaces with `hicache l3 purge`: %s", mask_url(self.cfg.url), self.namespaces())
 
     def close(self) -> None:
         with self._lock:
