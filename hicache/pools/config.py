@@ -14,6 +14,8 @@ pinned pool takes the machine down rather than failing cleanly.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import psutil
@@ -24,6 +26,7 @@ from hicache.layout import CacheLayout
 from hicache.pools.tier import HOST_LAYOUTS
 
 GiB = 1024**3
+_DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -52,17 +55,19 @@ class PoolConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(name, v, "must be a positive number of bytes")
-        if self.host_bytes is not None and (not isinstance(self.host_bytes, int) or self.host_bytes <= 0):
-            raise ConfigError("host_bytes", self.host_bytes, "must be a positive number of bytes")
-        if not isinstance(self.host_ratio, (int, float)) or self.host_ratio <= 0:
-            raise ConfigError("host_ratio", self.host_ratio, "must be > 0")
+        hb = self.host_bytes
+        if hb is not None and (isinstance(hb, bool) or not isinstance(hb, int) or hb <= 0):
+            raise ConfigError("host_bytes", hb, "must be a positive number of bytes")
+        r = self.host_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < math.inf:
+            raise ConfigError("host_ratio", r, "must be a finite number > 0")
         if not isinstance(self.state_share, (int, float)) or not 0 < self.state_share < 1:
             raise ConfigError("state_share", self.state_share, "must be between 0 and 1 (exclusive)")
         for name in ("device_pages", "device_snapshots", "host_pages", "host_snapshots"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(name, v, "must be an integer >= 0")
-        if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise ConfigError("device", self.device, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
 
 
@@ -88,6 +93,8 @@ class PoolPlan:
 
 def resolve_device(name: str) -> "torch.device":
     """``auto`` -> ``cuda`` when a GPU is present, else ``cpu``."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ConfigError("device", name, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():

@@ -122,20 +122,6 @@ def test_hostname_check_follows_certificate_checks():
     assert open_backend("rediss://h:1?ssl_cert_reqs=none").node.opts.ssl_check_hostname is False
 
 
-@pytest.mark.parametrize("url, field, words", [
-    ("rediss://h:1?ssl_cert_reqs=none&ssl_check_hostname=1", "storage_url.ssl_check_hostname", "ssl_cert_reqs=required"),
-    ("rediss://h:1?ssl_check_hostname=maybe", "storage_url.ssl_check_hostname", "0 or 1"),
-    ("rediss://h:1?ssl_ca_certs=/nonexistent/ca.pem", "storage_url.ssl_ca_certs", "no such file"),
-    ("rediss://h:1?ssl_certfile=/nonexistent/c.pem", "storage_url.ssl_certfile", "no such file"),
-    ("redis://h:1?ssl_cert_reqs=none", "storage_url.ssl_cert_reqs", "not TLS"),
-    ("unix:///run/r.sock?ssl_ca_certs=/x", "storage_url.ssl_ca_certs", "not TLS"),
-])
-def test_bad_tls_options_are_config_errors(url, field, words):
-    with pytest.raises(ConfigError) as ei:
-        open_backend(url)
-    assert ei.value.field == field and words in str(ei.value), str(ei.value)
-
-
 def test_unreadable_ca_file_is_a_config_error(tmp_path):
     bad = tmp_path / "ca.pem"
     bad.write_text("not a certificate\n")

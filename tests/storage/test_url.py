@@ -66,6 +66,13 @@ def test_schemes_select_backends(tmp_path):
     ("file://host/dir", "storage_url", "absolute"),
     ("memory://user:pw@name", "storage_url", "no user or password"),
     ("unix:///", "storage_url", "absolute"),
+    # TLS options: only with a TLS scheme, files that exist, no name check without verification
+    ("rediss://h:1?ssl_cert_reqs=none&ssl_check_hostname=1", "storage_url.ssl_check_hostname", "ssl_cert_reqs=required"),
+    ("rediss://h:1?ssl_check_hostname=maybe", "storage_url.ssl_check_hostname", "0 or 1"),
+    ("rediss://h:1?ssl_ca_certs=/nonexistent/ca.pem", "storage_url.ssl_ca_certs", "no such file"),
+    ("rediss://h:1?ssl_certfile=/nonexistent/c.pem", "storage_url.ssl_certfile", "no such file"),
+    ("redis://h:1?ssl_cert_reqs=none", "storage_url.ssl_cert_reqs", "not TLS"),
+    ("unix:///run/r.sock?ssl_ca_certs=/x", "storage_url.ssl_ca_certs", "not TLS"),
 ])
 def test_bad_urls_are_config_errors(url, field, words):
     with pytest.raises(ConfigError) as ei:
