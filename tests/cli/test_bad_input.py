@@ -24,6 +24,8 @@ FILES: dict[str, bytes | str] = {
     "nonutf8.yaml": b"model: m\xff\nlayout: {}\n",
     "nonutf8.json": b'{"num_attention_heads": 4, "num_hidden_layers": 2, "hidden_size": 64, "x": "\xff"}',
     "nonutf8.jsonl": b"\xff\xfe\n",
+    "huge_input.jsonl": '{"hash_ids": [1], "input_length": 1000000000000, "block_size": 1000000000000}\n',
+    "huge_output.jsonl": '{"hash_ids": [1], "input_length": 16, "block_size": 16, "output_length": 100000000000}\n',
     "cache_list.yaml": FAMILIES + "cache: [1, 2]\n",
     "cache_str.yaml": FAMILIES + "cache: fast\n",
     "inf_bytes.yaml": FAMILIES + "cache: {device_bytes: .inf}\n",
@@ -51,6 +53,8 @@ CASES = [
     (["layout", "--hf-config", "{nonutf8.json}"], "hf_config="),
     (["replay", "--config", "{nonutf8.yaml}", "--quiet"], "config="),
     (R + ["--trace", "{nonutf8.jsonl}"], "trace="),
+    (R + ["--trace", "{huge_input.jsonl}"], "input_length="),      # a terabyte allocation before
+    (R + ["--trace", "{huge_output.jsonl}"], "output_length="),
     (["replay", "--config", "{cache_list.yaml}", "--quiet"], "cache="),
     (["replay", "--config", "{cache_str.yaml}", "--quiet"], "cache="),
     (["stress", "--config", "{cache_list.yaml}", "--ops", "5"], "cache="),

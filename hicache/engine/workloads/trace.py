@@ -64,6 +64,11 @@ class TraceWritten:
     total_blocks: int
 
 
+# Prompt or output tokens of one request: 16x the longest context served today, and a bound
+# that keeps a typo (input_length 10**12) an error instead of a terabyte allocation.
+MAX_REQUEST_TOKENS = 1 << 24
+
+
 def _open(path: Path, mode: str) -> IO[str]:
     if path.suffix == ".gz":
         return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8")
@@ -106,7 +111,8 @@ def _block_key(value: object, where: str) -> str:
     return str(value)
 
 
-def _int_field(record: dict, name: str, where: str, *, minimum: int, default: int | None = None) -> int:
+def _int_field(record: dict, name: str, where: str, *, minimum: int, default: int | None = None,
+               maximum: int | None = None) -> int:
     value = record.get(name, default)
     if value is None:
         raise ConfigError(f"{where}.{name}", None, "is required")
@@ -114,6 +120,9 @@ def _int_field(record: dict, name: str, where: str, *, minimum: int, default: in
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{where}.{name}", value, f"must be an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where}.{name}", value, f"must be <= {maximum:,} tokens (one request's tokens are "
+                                                    "materialized in memory)")
     return value
 
 
@@ -184,8 +193,8 @@ def _parse_lines(p: Path, fh: IO[str], block_size: int | None, records: list[_Re
         if not isinstance(hash_ids, list) or not hash_ids:
             raise ConfigError(f"{where}.hash_ids", hash_ids, "must be a non-empty list")
         keys = tuple(_block_key(v, f"{where}.hash_ids") for v in hash_ids)
-        input_length = _int_field(record, "input_length", where, minimum=1)
-        bs = _int_field(record, "block_size", where, minimum=1, default=block_size)
+        input_length = _int_field(record, "input_length", where, minimum=1, maximum=MAX_REQUEST_TOKENS)
+        bs = _int_field(record, "block_size", where, minimum=1, default=block_size, maximum=MAX_REQUEST_TOKENS)
         if trace_bs is None:
             trace_bs = bs
         elif bs != trace_bs:
@@ -200,7 +209,7 @@ def _parse_lines(p: Path, fh: IO[str], block_size: int | None, records: list[_Re
         in_conv = "conversation_id" in record and "turn" in record
         records.append(_Record(
             keys, tuple(lengths), float(ts),
-            _int_field(record, "output_length", where, minimum=0, default=0),
+            _int_field(record, "output_length", where, minimum=0, default=0, maximum=MAX_REQUEST_TOKENS),
             str(record.get("conversation_id", f"trace-{len(records)}")),
             _int_field(record, "turn", where, minimum=0, default=0), in_conv))
     return trace_bs
