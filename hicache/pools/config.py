@@ -27,6 +27,9 @@ from hicache.pools.tier import HOST_LAYOUTS
 
 GiB = 1024**3
 _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
+# Host memory each page or snapshot id costs its tier's index allocator (free list, used
+# flags) and sidecars, whatever the id's own bytes: counted so a huge count is refused.
+ID_BOOKKEEPING_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -134,13 +137,21 @@ def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | N
     plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes)
     avail = psutil.virtual_memory().available if available_bytes is None else available_bytes
     limit = avail - cfg.host_reserve_bytes
+    counts = {"device_pages": dev_pages, "device_snapshots": dev_snaps, "host_pages": host_pages,
+              "host_snapshots": host_snaps}
+    book = sum(counts.values()) * ID_BOOKKEEPING_BYTES
+    if book > limit:  # e.g. a snapshot count on a layout whose snapshots hold no bytes
+        name = max(counts, key=counts.__getitem__)
+        raise ConfigError(name, counts[name],
+                          f"{sum(counts.values()):,} page and snapshot ids need {book / GiB:.2f} GiB of host "
+                          f"memory for their allocators but only {max(limit, 0) / GiB:.2f} GiB is available")
     if plan.host_bytes > limit:
         value = cfg.host_bytes if cfg.host_bytes is not None else cfg.host_ratio
         raise ConfigError(host_field, value,
                           f"asks for a {plan.host_bytes / GiB:.2f} GiB host pool but only "
                           f"{max(limit, 0) / GiB:.2f} GiB is available ({avail / GiB:.2f} GiB free "
                           f"minus a {cfg.host_reserve_bytes / GiB:.2f} GiB reserve)")
-    if resolve_device(cfg.device).type == "cpu" and plan.device_bytes + plan.host_bytes > limit:
+    if resolve_device(cfg.device).type == "cpu" and plan.device_bytes + plan.host_bytes + book > limit:
         raise ConfigError("device_bytes", cfg.device_bytes,
                           f"with the device tier on the CPU, device + host pools need "
                           f"{(plan.device_bytes + plan.host_bytes) / GiB:.2f} GiB but only "

@@ -32,6 +32,7 @@ FILES: dict[str, bytes | str] = {
     "nan_bytes.yaml": FAMILIES + "cache: {host_bytes: .nan}\n",
     "huge_bytes.yaml": FAMILIES + "cache: {host_bytes: '" + "9" * 400 + "GiB'}\n",
     "nan_ratio.yaml": FAMILIES + "cache: {host_ratio: .nan}\n",
+    "huge_snapshots.yaml": FAMILIES + "cache: {device_snapshots: 1000000000000}\n",
     "nan_timeout.yaml": FAMILIES + "cache: {prefetch_timeout_s: .nan}\n",
     "salt_list.yaml": FAMILIES + "cache: {storage_salt: [1]}\n",
     "model_list.yaml": FAMILIES.replace("model: m", "model: [1]"),
@@ -62,6 +63,7 @@ CASES = [
     (["replay", "--config", "{nan_bytes.yaml}", "--quiet"], "cache.host_bytes="),
     (["replay", "--config", "{huge_bytes.yaml}", "--quiet"], "cache.host_bytes="),
     (["replay", "--config", "{nan_ratio.yaml}", "--quiet"], "host_ratio="),
+    (["replay", "--config", "{huge_snapshots.yaml}", "--quiet"], "device_snapshots="),   # 7 TiB before
     (["replay", "--config", "{nan_timeout.yaml}", "--quiet"], "prefetch_timeout_s="),
     (["replay", "--config", "{salt_list.yaml}", "--quiet"], "storage_salt="),
     (["replay", "--config", "{model_list.yaml}", "--quiet"], "model="),

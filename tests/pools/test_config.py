@@ -48,6 +48,14 @@ def test_host_budget_over_available_memory_is_refused(configs_dir):
     assert exc.value.field in ("host_ratio", "device_bytes")
 
 
+def test_huge_id_counts_are_refused_even_when_ids_hold_no_bytes():
+    lay = CacheLayout.from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64})
+    assert lay.object_bytes("state") == 0    # snapshots cost nothing but their allocator's arrays
+    with pytest.raises(ConfigError, match="for their allocators") as exc:
+        plan_pools(lay, PoolConfig(device_bytes=MiB, device_snapshots=10**12), available_bytes=16 * GiB)
+    assert exc.value.field == "device_snapshots"
+
+
 def test_budget_too_small_for_one_page(configs_dir):
     with pytest.raises(ConfigError, match="smaller than one history page") as exc:
         plan_pools(flash(configs_dir), PoolConfig(device_bytes=1000), available_bytes=100 * GiB)
