@@ -59,7 +59,10 @@ def open_redis(scheme: str, userinfo: Optional[str], rest: str, opts: dict, mask
         kw.setdefault("db", int(db))  # a db= option (or keyword) wins over the path
     if kw.get("db", 0) < 0:
         raise ConfigError("storage_url.db", kw["db"], "must be >= 0")
-    endpoints = [parse_host_port(hp, masked) for hp in netloc.split(",")]
+    hosts = netloc.split(",")
+    if len(hosts) > 1 and not all(hosts):
+        raise ConfigError("storage_url", masked, "an empty host in the host list")
+    endpoints = [parse_host_port(hp, masked) for hp in hosts]
     opts_obj = _options(kw)
     if scheme.endswith("+cluster"):
         if opts_obj.db:

@@ -34,7 +34,6 @@ first use (and a tripped breaker), not a failure to build the cache.
 from __future__ import annotations
 
 import math
-import os
 import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -51,8 +50,6 @@ _REDIS_OPTS = {"connect_timeout": float, "timeout": float, "connections": int, "
 _OPTS = {"memory": {"capacity"}, "file": {"capacity", "fsync"}}
 # Where a query string starts: "?name=" (a "?" elsewhere may be part of a password).
 _QUERY_START = re.compile(r"\?[A-Za-z_][A-Za-z0-9_]*=")
-_HOST = re.compile(r"[A-Za-z0-9._-]*")
-_IPV6 = re.compile(r"[0-9A-Fa-f:.]+(%[A-Za-z0-9._-]+)?")
 
 
 class _Hidden:

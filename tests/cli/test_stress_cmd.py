@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from hicache.cli.main import build_parser, main
 from hicache.cli.stress_cmd import build_cache
 from hicache.engine import stress

@@ -66,6 +66,7 @@ def test_schemes_select_backends(tmp_path):
     ("file://host/dir", "storage_url", "absolute"),
     ("memory://user:pw@name", "storage_url", "no user or password"),
     ("unix:///", "storage_url", "absolute"),
+    ("redis+cluster://a:1,,b:2", "storage_url", "empty host"),
     # TLS options: only with a TLS scheme, files that exist, no name check without verification
     ("rediss://h:1?ssl_cert_reqs=none&ssl_check_hostname=1", "storage_url.ssl_check_hostname", "ssl_cert_reqs=required"),
     ("rediss://h:1?ssl_check_hostname=maybe", "storage_url.ssl_check_hostname", "0 or 1"),
