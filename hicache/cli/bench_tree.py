@@ -9,12 +9,11 @@ and hashes nothing; ``publish`` hashes only the pages it adds.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
 
-from hicache.cli.common import resolve_config
+from hicache.cli.common import at_least, positive_number, print_json, resolve_config
 from hicache.cli.table import render_table
 from hicache.config import load_config
 from hicache.errors import ConfigError
@@ -46,6 +45,9 @@ def run(args: argparse.Namespace) -> int:
     from hicache.pools import PoolConfig
     from hicache.tree import ROOT_HASH, chain_hashes
 
+    at_least("--requests", args.requests, 1)
+    at_least("--chunk-pages", args.chunk_pages, 1)
+    positive_number("--seconds", args.seconds)
     layout, cfg = load_config(resolve_config(args.config))
     P = layout.page_tokens
     if args.prompt_tokens < 2 * P:
@@ -110,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
            "hash_baseline_ops_per_s": round(base_rate, 1),
            "match_vs_hash_baseline": round(match_rate / base_rate, 2)}
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json(out)
     else:
         print(render_table(["measure", "value"], [[k, v] for k, v in out.items()], align="lr",
                            title=f"hicache bench tree: {args.config}, {pages * P}-token prompts"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from hicache.cli.common import resolve_config
+from hicache.cli.common import check_output, parse_retention, positive_number, resolve_config
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
 from hicache.config import load_config
@@ -70,14 +70,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict:
     out: dict = {}
-    if args.storage:
-        out["storage_url"] = args.storage
+    if args.storage is not None:
+        out["storage_url"] = args.storage  # "" too: StorageConfig refuses it rather than ignoring it
     for flag, key in (("device_gib", "device_bytes"), ("host_gib", "host_bytes")):
-        v = getattr(args, flag)
+        v = positive_number(f"--{flag.replace('_', '-')}", getattr(args, flag))
         if v is not None:
-            if v <= 0:
-                raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be > 0")
-            out[key] = int(v * GiB)
+            out[key] = max(1, int(v * GiB))
     for flag in ("device_pages", "host_pages", "device_snapshots", "host_snapshots"):
         v = getattr(args, flag)
         if v is not None:
@@ -93,13 +91,7 @@ def _overrides(args: argparse.Namespace) -> dict:
     if args.host_tier:
         out["host_tier"] = args.host_tier
     if args.retention is not None:
-        if args.retention.lower() in ("none", "null", "all"):
-            out["retention_interval"] = None
-        else:
-            try:
-                out["retention_interval"] = int(args.retention)
-            except ValueError:
-                raise ConfigError("--retention", args.retention, "must be a token count or 'none'") from None
+        out["retention_interval"] = parse_retention("--retention", args.retention)
     return out
 
 
@@ -118,7 +110,19 @@ def load_requests(args: argparse.Namespace, page_tokens: int) -> list:
     return workloads.synthetic(conversations=n, seed=args.seed)
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Outputs are checked before the run, so a bad path never throws a finished run away."""
+    check_output("--requests-out", args.requests_out)
+    check_output("--plot", args.plot)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot", args.plot, "needs matplotlib: pip install 'hicache[plot]'") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     if args.model == "tiny":
         from hicache.cli.replay_tiny import run_tiny
 
@@ -135,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         cfg = dataclasses.replace(cfg, tree=dataclasses.replace(cfg.tree, retention_interval=retention))
     if args.max_running < 1:
         raise ConfigError("--max-running", args.max_running, "must be >= 1")
+    positive_number("--prefill-tps", args.prefill_tps)
     requests = load_requests(args, layout.page_tokens)
     ecfg = EngineConfig(max_running=args.max_running, prefill_tokens_per_s=args.prefill_tps,
                         admission=args.admission)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import statistics
 
+from hicache.cli.common import print_json
 from hicache.cli.table import render_table
+from hicache.errors import ConfigError
+from hicache.storage.url import mask_url
 from hicache.units import format_bytes
 
 
@@ -77,7 +80,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "device_bytes": cache.pools.plan.device_bytes,
         "host_bytes": cache.pools.plan.host_bytes,
         "retention_interval": cache.config.tree.retention_interval,
-        "storage_url": cache.config.storage.url,
+        "storage_url": mask_url(cache.config.storage.url),
         "wall_s": round(report.wall_s, 2),
     }
     out.update(_ttft(recs, layout, ecfg, {"transfer": t}))
@@ -102,15 +105,18 @@ def hit_rows(s: dict) -> list[list[str]]:
 
 
 def emit(args, summary: dict, report, print_table) -> None:
-    """Write --requests-out / --plot, then the JSON object or the table."""
-    if args.requests_out:
-        write_requests(args.requests_out, report)
-    if args.plot:
-        write_plot(args.plot, report)
+    """Print the JSON object or the table, then write --requests-out / --plot (checked
+    before the run; a failure now still leaves the summary printed)."""
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
     else:
         print_table()
+    for flag, path, write in (("--requests-out", args.requests_out, write_requests), ("--plot", args.plot, write_plot)):
+        if path:
+            try:
+                write(path, report)
+            except OSError as exc:
+                raise ConfigError(flag, path, f"cannot be written: {exc.strerror}") from None
 
 
 def print_summary(summary: dict, *, title: str) -> None:
@@ -149,7 +155,7 @@ def write_requests(path: str, report) -> None:
         for r in report.records:
             row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in dataclasses.asdict(r).items()}
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, allow_nan=False) + "\n")
 
 
 def write_plot(path: str, report, window: int = 50) -> None:
@@ -160,8 +166,6 @@ def write_plot(path: str, report, window: int = 50) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from hicache.errors import ConfigError
-
         raise ConfigError("--plot", path, "needs matplotlib: pip install 'hicache[plot]'") from None
     recs = report.records
     xs, series = [], {"device": [], "host": [], "L3": []}

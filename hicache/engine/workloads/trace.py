@@ -40,6 +40,7 @@ import io
 import json
 import math
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Sequence
@@ -61,6 +62,11 @@ class TraceWritten:
     block_size: int
     unique_blocks: int
     total_blocks: int
+
+
+# Prompt or output tokens of one request: 16x the longest context served today, and a bound
+# that keeps a typo (input_length 10**12) an error instead of a terabyte allocation.
+MAX_REQUEST_TOKENS = 1 << 24
 
 
 def _open(path: Path, mode: str) -> IO[str]:
@@ -105,7 +111,8 @@ def _block_key(value: object, where: str) -> str:
     return str(value)
 
 
-def _int_field(record: dict, name: str, where: str, *, minimum: int, default: int | None = None) -> int:
+def _int_field(record: dict, name: str, where: str, *, minimum: int, default: int | None = None,
+               maximum: int | None = None) -> int:
     value = record.get(name, default)
     if value is None:
         raise ConfigError(f"{where}.{name}", None, "is required")
@@ -113,6 +120,9 @@ def _int_field(record: dict, name: str, where: str, *, minimum: int, default: in
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{where}.{name}", value, f"must be an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{where}.{name}", value, f"must be <= {maximum:,} tokens (one request's tokens are "
+                                                    "materialized in memory)")
     return value
 
 
@@ -152,46 +162,57 @@ class _Record:
 
 def _parse(p: Path, block_size: int | None) -> tuple[list[_Record], int]:
     records: list[_Record] = []
+    try:
+        with _open(p, "r") as fh:
+            trace_bs = _parse_lines(p, fh, block_size, records)
+    except UnicodeDecodeError as exc:
+        raise ConfigError("trace", str(p), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                                           f"near offset {exc.start})") from None
+    except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz
+        raise ConfigError("trace", str(p), f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
+    if trace_bs is None:
+        raise ConfigError("trace", str(p), "has no records")
+    return records, trace_bs
+
+
+def _parse_lines(p: Path, fh: IO[str], block_size: int | None, records: list[_Record]) -> int | None:
+    """Append one record per line to ``records``; returns the trace's block size (None: empty)."""
     trace_bs: int | None = None
     last_ts = -math.inf
-    with _open(p, "r") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{p.name}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(where, line.strip()[:60], f"is not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise ConfigError(where, record, "must be a JSON object")
-            hash_ids = record.get("hash_ids")
-            if not isinstance(hash_ids, list) or not hash_ids:
-                raise ConfigError(f"{where}.hash_ids", hash_ids, "must be a non-empty list")
-            keys = tuple(_block_key(v, f"{where}.hash_ids") for v in hash_ids)
-            input_length = _int_field(record, "input_length", where, minimum=1)
-            bs = _int_field(record, "block_size", where, minimum=1, default=block_size)
-            if trace_bs is None:
-                trace_bs = bs
-            elif bs != trace_bs:
-                raise ConfigError(f"{where}.block_size", bs, f"differs from the trace's {trace_bs}")
-            lengths = _block_lengths(record, len(keys), input_length, bs, where)
-            ts = record.get("timestamp", last_ts if last_ts > -math.inf else 0)
-            if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
-                raise ConfigError(f"{where}.timestamp", ts, "must be a number of milliseconds")
-            if ts < last_ts:
-                raise ConfigError(f"{where}.timestamp", ts, f"is earlier than the previous line's {last_ts}")
-            last_ts = ts
-            in_conv = "conversation_id" in record and "turn" in record
-            records.append(_Record(
-                keys, tuple(lengths), float(ts),
-                _int_field(record, "output_length", where, minimum=0, default=0),
-                str(record.get("conversation_id", f"trace-{len(records)}")),
-                _int_field(record, "turn", where, minimum=0, default=0), in_conv))
-    if not records:
-        raise ConfigError("trace", str(p), "has no records")
-    assert trace_bs is not None
-    return records, trace_bs
+    for lineno, line in enumerate(fh, 1):
+        if not line.strip():
+            continue
+        where = f"{p.name}:{lineno}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(where, line.strip()[:60], f"is not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict):
+            raise ConfigError(where, record, "must be a JSON object")
+        hash_ids = record.get("hash_ids")
+        if not isinstance(hash_ids, list) or not hash_ids:
+            raise ConfigError(f"{where}.hash_ids", hash_ids, "must be a non-empty list")
+        keys = tuple(_block_key(v, f"{where}.hash_ids") for v in hash_ids)
+        input_length = _int_field(record, "input_length", where, minimum=1, maximum=MAX_REQUEST_TOKENS)
+        bs = _int_field(record, "block_size", where, minimum=1, default=block_size, maximum=MAX_REQUEST_TOKENS)
+        if trace_bs is None:
+            trace_bs = bs
+        elif bs != trace_bs:
+            raise ConfigError(f"{where}.block_size", bs, f"differs from the trace's {trace_bs}")
+        lengths = _block_lengths(record, len(keys), input_length, bs, where)
+        ts = record.get("timestamp", last_ts if last_ts > -math.inf else 0)
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            raise ConfigError(f"{where}.timestamp", ts, "must be a number of milliseconds")
+        if ts < last_ts:
+            raise ConfigError(f"{where}.timestamp", ts, f"is earlier than the previous line's {last_ts}")
+        last_ts = ts
+        in_conv = "conversation_id" in record and "turn" in record
+        records.append(_Record(
+            keys, tuple(lengths), float(ts),
+            _int_field(record, "output_length", where, minimum=0, default=0, maximum=MAX_REQUEST_TOKENS),
+            str(record.get("conversation_id", f"trace-{len(records)}")),
+            _int_field(record, "turn", where, minimum=0, default=0), in_conv))
+    return trace_bs
 
 
 def _link_turns(records: list[_Record], bs: int) -> tuple[dict[str, str], dict[int, int]]:

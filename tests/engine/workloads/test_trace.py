@@ -175,3 +175,17 @@ def test_alias_cycles_are_refused(tmp_path):
     r0, r1, r2 = load_trace(path)
     assert np.array_equal(r0.prompt, r1.prompt[:2])   # x is the start of y
     assert np.array_equal(r0.prompt, r2.prompt[:2])   # x is x wherever it appears
+
+
+@pytest.mark.parametrize("name, data, words", [
+    ("t.jsonl", b'{"hash_ids": [1], "input_length": 4}\n\xff\xfe\n', "not UTF-8"),
+    ("t.jsonl.gz", b"\x1f\x8b\x08\x00 not really gzip", "cannot be read"),
+])
+def test_unreadable_traces_are_config_errors(tmp_path, name, data, words):
+    from hicache.errors import ConfigError
+
+    p = tmp_path / name
+    p.write_bytes(data)
+    with pytest.raises(ConfigError) as exc:
+        load_trace(p)
+    assert exc.value.field == "trace" and words in str(exc.value)
