@@ -28,6 +28,8 @@ import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's hicache
+
 LAYOUTS = ("tiny-hybrid", "tiny-mha", "deepseek-v4-flash", "deepseek-v3", "llama-3.1-8b")
 POLICIES = (("write_through", "inclusive"), ("write_through_selective", "inclusive"),
             ("write_back", "inclusive"), ("write_back", "exclusive"))
@@ -95,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + a.minutes * 60
     total = {"configs": 0, "failures": 0, "ops": 0, "verified_pages": 0, "injected_faults": 0, "requests": 0}
     first = None
+    tty = sys.stderr.isatty()
     by_layout: dict[str, int] = {}
     with mp.get_context("spawn").Pool(a.jobs, maxtasksperchild=20) as pool:
         pending = [pool.apply_async(run_one, (draw(rng, a.ops),)) for _ in range(a.jobs * 2)]
@@ -112,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                 log.write(json.dumps(res) + "\n")
                 log.flush()
             left = max(deadline - time.monotonic(), 0)
-            print(f"\rsweep: {total['configs']} configs, {total['failures']} failed, "
-                  f"{left / 60:.1f} min left", end="", file=sys.stderr, flush=True)
+            if tty or total["configs"] % 50 == 0:
+                line = f"sweep: {total['configs']} configs, {total['failures']} failed, {left / 60:.1f} min left"
+                print("\r" + line if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
             if time.monotonic() < deadline:
                 pending.append(pool.apply_async(run_one, (draw(rng, a.ops),)))
     print(file=sys.stderr)
