@@ -1,0 +1,209 @@
+"""``hicache bench tree --trace`` and ``--scale``: the facade's tree path, request by request.
+
+Both drive the real engine calls -- ``match``, then ``load`` + ``alloc_pages`` (evicting at
+capacity) + ``publish`` + ``release`` -- on pools that are allocated but never touched (a
+layout of one history family with one byte per page), so what is measured is the cache's
+bookkeeping: tree, eviction order, allocators, leases.
+
+``--trace FILE --capacity-tokens N``: the method of SGLang's peer harness for its radix
+caches. A token trace has one JSON object per line with ``input_ids`` and ``output_ids``
+(``bench/token_trace.py`` writes one from a workload); per request, in file order,
+``match(prompt)`` is one op and publishing ``prompt + output`` at finish (evicting to stay
+within N tokens) is the other. ``bench/sglang_tree_compare.py`` runs SGLang's caches on
+the same file the same way, in the same run.
+
+``--scale``: the mean cost of one request (match + publish + the eviction it causes) with
+~1k to ~1M pages cached. Each point fills a cache of that many pages with requests that
+share prefixes, then times requests half of which revisit a cached prefix; a tree whose
+costs do not depend on its size gives ``scale_ratio`` (largest over smallest) near 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from hicache.errors import ConfigError
+
+SCALE_POINTS = (1_024, 16_384, 262_144, 1_048_576)
+
+
+def tiny_cache(page_tokens: int, device_pages: int, config: str | None = None):
+    """A ``HiCache`` of ``device_pages`` pages whose contents are never touched.
+
+    Without ``config``: one history family of one layer and one byte per page. The host tier
+    holds one page and nothing is backed up (the peer harness measures one tier).
+    """
+    from hicache.cache import HiCache
+    from hicache.config import HiCacheConfig, StorageConfig, WriteConfig, load_config
+    from hicache.layout import CacheLayout, FamilySpec
+    from hicache.pools import PoolConfig
+
+    if config is None:
+        layout = CacheLayout((FamilySpec("kv", "history", (0,), page_tokens, 1),), page_tokens, model="tiny-rows")
+        cfg = HiCacheConfig()
+    else:
+        from hicache.cli.common import resolve_config
+        layout, cfg = load_config(resolve_config(config))
+    snaps = device_pages if layout.object_bytes("state") else 0
+    pools = PoolConfig(device="cpu", device_bytes=cfg.pools.device_bytes, device_pages=device_pages,
+                       device_snapshots=snaps, host_pages=1, host_snapshots=1 if snaps else 0,
+                       host_layout="layer_first", host_reserve_bytes=1)
+    cfg = dataclasses.replace(cfg, pools=pools, storage=StorageConfig(url="none://"),
+                              write=WriteConfig(write_policy="write_through_selective",
+                                                write_through_threshold=1 << 30))
+    return HiCache(layout, cfg)
+
+
+def serve(cache, prompt: np.ndarray, full: np.ndarray, clock: Callable[[], float] = time.perf_counter
+          ) -> tuple[float, float, int]:
+    """One request: match the prompt, then publish prompt + output at finish.
+
+    Returns (match seconds, publish seconds, hit tokens). Publish covers ``load`` (lock the
+    hit), ``alloc_pages`` (evicting at capacity), ``publish`` (with a snapshot at the
+    finish boundary on layouts with state) and ``release``.
+    """
+    from hicache.cache import Boundary
+
+    t0 = clock()
+    m = cache.match(prompt)
+    t1 = clock()
+    lease = cache.load(m)
+    n = len(full) // cache.page_tokens
+    need = n - len(lease.page_table)
+    if need > 0 and not cache.alloc_pages(lease, need).ok:
+        cache.release(lease)
+        raise ConfigError("--capacity-tokens", cache.pools.device.capacity("page") * cache.page_tokens,
+                          f"too small for a request of {len(full)} tokens")
+    sid = None
+    if cache.has_state and n > lease.published_pages:
+        snap = cache.alloc_snapshot(lease)
+        sid = int(snap.ids[0]) if snap.ok else None
+    cache.publish(lease, full, n, snapshot_id=sid, why=Boundary.FINISH)
+    cache.release(lease)
+    return t1 - t0, clock() - t1, m.resume_tokens
+
+
+def read_token_trace(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(prompt, prompt + output) int32 arrays per line of a token trace."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("--trace", path, "no such file")
+    out = []
+    with p.open(encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                prompt = np.asarray(rec["input_ids"], np.int32)
+                full = np.concatenate([prompt, np.asarray(rec.get("output_ids", []), np.int32)])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError("--trace", f"{path}:{i}", f"needs input_ids and output_ids lists ({exc})") from None
+            if prompt.ndim != 1 or len(prompt) == 0:
+                raise ConfigError("--trace", f"{path}:{i}", "input_ids must be a non-empty list of integers")
+            out.append((prompt, full))
+    if not out:
+        raise ConfigError("--trace", path, "holds no requests")
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(np.asarray(values) * 1e6, q)), 1)
+
+
+def run_trace(trace: str, capacity_tokens: int, page_tokens: int, config: str | None = None,
+              progress: Callable[[int, int], None] | None = None) -> dict:
+    """Replay a token trace through the facade (see module docstring); the figures as a dict."""
+    if capacity_tokens is None or capacity_tokens < page_tokens:
+        raise ConfigError("--capacity-tokens", capacity_tokens, f"must be at least one page ({page_tokens})")
+    requests = read_token_trace(trace)
+    cache = tiny_cache(page_tokens, capacity_tokens // page_tokens, config)
+    P = cache.page_tokens
+    match_s, publish_s = [], []
+    hit = total = 0
+    gc.collect()
+    c0, t0 = time.process_time(), time.perf_counter()
+    for i, (prompt, full) in enumerate(requests):
+        m, p, h = serve(cache, prompt, full)
+        match_s.append(m)
+        publish_s.append(p)
+        hit += h
+        total += len(prompt)
+        if progress is not None and i % 256 == 0:
+            progress(i, len(requests))
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+    stats = cache.stats()
+    cache.check_integrity()
+    cache.close()
+    return {"trace": str(trace), "requests": len(requests), "page_tokens": P,
+            "capacity_tokens": capacity_tokens // P * P, "ops": 2 * len(requests),
+            "seconds": round(elapsed, 4), "ops_per_s": round(2 * len(requests) / elapsed, 1),
+            "cpu_seconds": round(cpu, 4), "ops_per_cpu_s": round(2 * len(requests) / cpu, 1),
+            "match_us_p50": _pct(match_s, 50), "match_us_p99": _pct(match_s, 99),
+            "publish_us_p50": _pct(publish_s, 50), "publish_us_p99": _pct(publish_s, 99),
+            "match_us_mean": round(float(np.mean(match_s)) * 1e6, 1),
+            "publish_us_mean": round(float(np.mean(publish_s)) * 1e6, 1),
+            "hit_frac": round(hit / total, 4) if total else 0.0,
+            "evicted_pages": stats["device_evicted_pages"] + stats["device_demoted_pages"],
+            "cached_pages": stats["device_pages_used"]}
+
+
+class _Requests:
+    """Synthetic traffic for ``--scale``: 64 shared prefixes of 8 pages; each request is a
+    prefix plus 24 pages of its own, or (every other one) a cached request plus 4 new pages."""
+
+    def __init__(self, page_tokens: int, seed: int = 0):
+        self.P = page_tokens
+        self.rng = np.random.default_rng(seed)
+        self.prefixes = [self._fresh(8) for _ in range(64)]
+        self.recent: list[np.ndarray] = []
+
+    def _fresh(self, pages: int) -> np.ndarray:
+        return self.rng.integers(1, 1 << 30, pages * self.P, dtype=np.int32)
+
+    def next(self, revisit: bool) -> tuple[np.ndarray, np.ndarray]:
+        if revisit and self.recent:
+            base = self.recent[int(self.rng.integers(len(self.recent)))]
+            full = np.concatenate([base, self._fresh(4)])
+        else:
+            full = np.concatenate([self.prefixes[int(self.rng.integers(64))], self._fresh(24)])
+        self.recent.append(full)
+        if len(self.recent) > 256:
+            self.recent.pop(0)
+        return full[: len(full) - self.P // 2], full   # prompt: all but half a page
+
+
+def run_scale(points: tuple[int, ...] = SCALE_POINTS, page_tokens: int = 16, ops: int = 2000,
+              progress: Callable[[int, int], None] | None = None) -> dict:
+    """Mean microseconds per request (match + publish + eviction) at each cached size."""
+    out = []
+    for k, pages in enumerate(points):
+        cache = tiny_cache(page_tokens, pages)
+        reqs = _Requests(page_tokens, seed=k)
+        used = lambda: cache.pools.device.num_used("page")  # noqa: E731
+        while used() < pages - 32:   # fill to capacity
+            serve(cache, *reqs.next(revisit=False))
+        for i in range(200):          # warm up at capacity (evicting from here on)
+            serve(cache, *reqs.next(revisit=bool(i % 2)))
+        gc.collect()
+        t0 = time.perf_counter()
+        for i in range(ops):
+            serve(cache, *reqs.next(revisit=bool(i % 2)))
+        us = (time.perf_counter() - t0) / ops * 1e6
+        cached = used()
+        nodes = sum(1 for _ in cache.tree.nodes())
+        cache.check_integrity()
+        cache.close()
+        out.append({"cached_pages": cached, "tree_nodes": nodes, "us_per_op": round(us, 1)})
+        if progress is not None:
+            progress(k + 1, len(points))
+    return {"page_tokens": page_tokens, "ops_per_point": ops,
+            "scale_points": [[p["cached_pages"], p["us_per_op"]] for p in out], "points": out,
+            "scale_ratio": round(out[-1]["us_per_op"] / out[0]["us_per_op"], 3)}
