@@ -1,7 +1,7 @@
 """Layer 2: the radix tree that knows which prefix exists in which tier.
 
 Interface: :class:`RadixTree` (walk / resume points / insert / split / locks / subtree
-removal / eviction order), :class:`TreeNode`, :class:`Snapshot`, the chained page hash
+removal / eviction order / evictable totals), :class:`TreeNode`, :class:`Snapshot`, the chained page hash
 (:func:`page_hash`, :func:`chain_hashes`), eviction (:func:`device_victims`,
 :func:`host_victims`, :func:`snapshot_victims`, :func:`get_strategy`, the
 :class:`EvictionStrategy` protocol) and retention (:class:`RetentionPolicy`). Pure

@@ -19,7 +19,7 @@ node; ``tokens`` is a read-only int32 view of those bytes.
 
 Writes are observed. The fields eviction reads (residency, locks, copies in flight, access
 times, the snapshot and its flags) report every write to the node's tree, which keeps its
-eviction order current (see :mod:`hicache.tree.order`): whoever changes a node -- the tree
+eviction order and evictable totals current (see :mod:`hicache.tree.watch`): whoever changes a node -- the tree
 or the cache -- needs no separate notification. Other attributes are plain slots.
 
 Page hashes are chained: ``h_i = SHA-256(seed | h_{i-1} | tokens of page i as int32 LE)``,
@@ -80,12 +80,13 @@ class Snapshot:
     """
 
     __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
-                 "loading", "last_access", "_node")
+                 "loading", "last_access", "_node", "_counted")
 
     def __init__(self, device_id: int | None = None, host_id: int | None = None, lock: int = 0,
                  provisional_owner: int | None = None, backup_pending: bool = False, put_pending: bool = False,
                  loading: bool = False, last_access: float = 0.0):
         _set(self, "_node", None)  # the node it is attached to (set by ``node.snapshot = ...``)
+        _set(self, "_counted", (0, 0))  # what it adds to its tree's evictable totals (watch.py)
         _set(self, "device_id", device_id)
         _set(self, "host_id", host_id)
         _set(self, "lock", lock)
@@ -99,9 +100,9 @@ class Snapshot:
         _set(self, name, value)
         node = self._node
         if node is not None and name != "provisional_owner":
-            tree = node._tree
-            if tree is not None:
-                tree._snapshot_changed(node, self, name)
+            watch = node._watch
+            if watch is not None:
+                watch.snapshot_changed(node, self, name)
 
     @property
     def empty(self) -> bool:
@@ -126,7 +127,7 @@ class TreeNode:
 
     __slots__ = ("token_bytes", "hashes", "parent", "device_ids", "host_ids", "children", "lock_device",
                  "lock_host", "backup_pending", "load_ticket", "l3_put", "l3_stored", "from_l3", "last_access",
-                 "hit_count", "snapshot", "node_id", "depth", "num_pages", "_tree", "_device_children")
+                 "hit_count", "snapshot", "node_id", "depth", "num_pages", "_watch", "_device_children", "_counted")
 
     # lock_device: running requests whose prefix covers this node
     # lock_host: in-flight loads (and L3 puts) reading the host copy
@@ -142,7 +143,7 @@ class TreeNode:
                  lock_host: int = 0, backup_pending: int = 0, load_ticket: object | None = None,
                  l3_put: object | None = None, l3_stored: bool = False, from_l3: bool = False,
                  last_access: float = 0.0, hit_count: int = 0, node_id: int = 0, depth: int = 0):
-        for name, value in (("_tree", None), ("token_bytes", token_bytes), ("hashes", hashes), ("parent", parent),
+        for name, value in (("_watch", None), ("_counted", (0, 0)), ("token_bytes", token_bytes), ("hashes", hashes), ("parent", parent),
                             ("device_ids", device_ids), ("host_ids", host_ids), ("children", {}),
                             ("lock_device", lock_device), ("lock_host", lock_host),
                             ("backup_pending", backup_pending), ("load_ticket", load_ticket), ("l3_put", l3_put),
@@ -152,26 +153,26 @@ class TreeNode:
             _set(self, name, value)
 
     def __setattr__(self, name: str, value: object) -> None:
-        tree = self._tree
-        if tree is None or name not in _WATCHED:
+        watch = self._watch
+        if watch is None or name not in _WATCHED:
             _set(self, name, value)
         elif name == "device_ids":
             was = self.device_ids is not None
             _set(self, name, value)
-            tree._node_changed(self, residency=was != (value is not None))
+            watch.node_changed(self, residency=was != (value is not None))
         elif name == "snapshot":
             old = self.snapshot
             if old is not None and old is not value and old._node is self:
                 _set(old, "_node", None)
-                tree._snapshot_detached(old)
+                watch.snapshot_detached(old)
             _set(self, name, value)
             if value is not None:
                 _set(value, "_node", self)
-                tree._snapshot_changed(self, value, "attach")
-            tree._node_changed(self)
+                watch.snapshot_changed(self, value, "attach")
+            watch.node_changed(self)
         else:
             _set(self, name, value)
-            tree._node_changed(self)
+            watch.node_changed(self)
 
     @property
     def tokens(self) -> np.ndarray:

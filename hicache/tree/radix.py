@@ -8,8 +8,9 @@ facade) frees them in the pools. Publishing (``insert``, ``insert_host``) is in
 Cost model: a walk costs one dict lookup and one ``memcmp`` per node on the path; locks,
 touches and resume scans are per node on the path; a node's ``depth`` is stored, so no
 operation walks to the root to learn it. Eviction order is kept current as nodes change
-(:mod:`hicache.tree.order`), so no operation scans the tree except :meth:`nodes`,
-:meth:`snapshots` and :meth:`check_integrity`.
+(:mod:`hicache.tree.watch`), and so is what eviction could free at most (:meth:`evictable`);
+no operation scans the tree except :meth:`nodes`, :meth:`snapshots` and
+:meth:`check_integrity`.
 
 Invariants (checked by :meth:`RadixTree.check_integrity`):
 
@@ -32,6 +33,7 @@ from hicache.tree import insert as _insert
 from hicache.tree import paths as _paths
 from hicache.tree.node import TOKEN_BYTES, Snapshot, TreeNode, chain_hashes, token_bytes
 from hicache.tree.order import EvictionOrder
+from hicache.tree.watch import TreeWatch
 from hicache.tree.paths import PathMatch
 
 if TYPE_CHECKING:
@@ -65,11 +67,12 @@ class RadixTree:
     root: TreeNode = field(init=False)
     clock: int = field(default=0, init=False)
     _next_id: int = field(default=1, init=False)
-    _orders: dict = field(default_factory=dict, init=False, repr=False)
+    _watch: TreeWatch = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._watch = TreeWatch(self.needs_snapshots)
         self.root = TreeNode(b"", [], None, lock_device=1)  # never evicted
-        _set(self.root, "_tree", self)
+        _set(self.root, "_watch", self._watch)
 
     # -- walking ------------------------------------------------------------------------
     def tick(self) -> int:
@@ -114,7 +117,7 @@ class RadixTree:
     def touch(self, match: PathMatch, *, hit: bool = True) -> None:
         """Record an access along a matched path (LRU time, LFU count)."""
         now = self.tick()
-        changed = self._node_changed
+        changed = self._watch.node_changed
         for node, _ in match.segments:
             _set(node, "last_access", now)
             if hit:
@@ -166,9 +169,12 @@ class RadixTree:
         upper.children[node.first_page_key(self.page_tokens)] = node
         _set(upper, "_device_children", int(dev is not None))
         _set(node, "parent", upper)
-        _set(upper, "_tree", self)
-        # Neither part changes eligibility: the upper node has a child (and a device child
-        # when it is on the device), the lower one keeps its fields, id and end.
+        _set(upper, "_watch", self._watch)
+        # Neither part changes eligibility (the upper node has a child, and a device child
+        # when it is on the device; the lower one keeps its fields, id and end), but the
+        # pages they count in the evictable totals move.
+        self._watch.node_changed(node)
+        self._watch.node_changed(upper)
         return upper
 
     def add_child(self, parent: TreeNode, tokens: np.ndarray | bytes, *, device_ids: np.ndarray | None,
@@ -183,11 +189,11 @@ class RadixTree:
         key = node.first_page_key(P)
         assert key not in parent.children, "add_child over an existing child"
         parent.children[key] = node
-        _set(node, "_tree", self)
+        _set(node, "_watch", self._watch)
         if device_ids is not None:
             _set(parent, "_device_children", parent._device_children + 1)
-        self._node_changed(parent)
-        self._node_changed(node)
+        self._watch.node_changed(parent)
+        self._watch.node_changed(node)
         return node
 
     def remove(self, node: TreeNode) -> None:
@@ -199,13 +205,10 @@ class RadixTree:
         parent = node.parent
         assert parent is not None
         del parent.children[node.first_page_key(self.page_tokens)]
-        for order in self._orders.values():
-            order.forget_node(node)
-            if node.snapshot is not None:
-                order.forget_snapshot(node.snapshot)
-        _set(node, "_tree", None)
+        self._watch.node_removed(node)
+        _set(node, "_watch", None)
         _set(node, "parent", None)
-        self._node_changed(parent)
+        self._watch.node_changed(parent)
 
     def remove_subtree(self, node: TreeNode) -> Removed:
         """Take every copy under and including ``node`` and detach those nodes.
@@ -263,60 +266,38 @@ class RadixTree:
     # -- locks --------------------------------------------------------------------------
     def lock(self, node: TreeNode, delta: int = 1) -> None:
         """Pin (or unpin, ``delta=-1``) the device pages of a node and all its ancestors."""
-        orders = self._orders.values()
+        changed = self._watch.node_changed
         n = node
         while n.parent is not None:
             old = n.lock_device
             new = old + delta
             assert new >= 0, f"unlock below zero on {n}"
             _set(n, "lock_device", new)
-            if not old or not new:  # eligibility reads only "locked or not"
-                for order in orders:
-                    order.refresh_node(n)
+            if not old or not new:  # eviction reads only "locked or not"
+                changed(n)
             n = n.parent
 
     # -- eviction order -------------------------------------------------------------------
     def eviction_order(self, strategy: "EvictionStrategy") -> EvictionOrder:
         """The victim order under ``strategy``, built on first use and kept current."""
-        key = (type(strategy), strategy.name)
-        order = self._orders.get(key)
-        if order is None:
-            order = self._orders[key] = EvictionOrder(strategy, self.needs_snapshots)
-            for n in self.nodes():
-                order.refresh_node(n)
-                if n.snapshot is not None:
-                    order.refresh_snapshot(n, n.snapshot)
-        return order
+        return self._watch.eviction_order(strategy, self.nodes())
+
+    def evictable(self, tier: str, source: str) -> int:
+        """Pages (``source="page"``) or snapshots (``"state"``) of ``tier`` that no lock
+        holds: an upper bound on what eviction could free there, kept without a scan.
+
+        Device pages: nodes on the device with no device lock. Host pages: shadow nodes with
+        no lock. Device snapshots: unlocked with a device copy; host snapshots: unlocked
+        with only a host copy.
+        """
+        return (self._watch.pages if source == "page" else self._watch.snapshots)[tier]
 
     def reprioritize(self, node: TreeNode) -> None:
         """Recompute ``node``'s (and its snapshot's) place in every eviction order; for
         strategies whose priority changed for a reason the tree does not observe."""
-        self._node_changed(node)
+        self._watch.node_changed(node)
         if node.snapshot is not None:
-            self._snapshot_changed(node, node.snapshot, "priority")
-
-    def _node_changed(self, node: TreeNode, residency: bool = False) -> None:
-        """A field eviction reads changed on ``node`` (reported by ``TreeNode.__setattr__``)."""
-        parent = node.parent
-        if parent is None:
-            return  # the root or a detached node: never a victim
-        if residency:
-            _set(parent, "_device_children", parent._device_children + (1 if node.device_ids is not None else -1))
-            if parent.parent is not None:
-                for order in self._orders.values():
-                    order.refresh_node(parent)
-        for order in self._orders.values():
-            order.refresh_node(node)
-
-    def _snapshot_changed(self, node: TreeNode, snap: Snapshot, name: str) -> None:
-        for order in self._orders.values():
-            order.refresh_snapshot(node, snap)
-        if name != "last_access" and name != "attach":  # attach: the node reports itself
-            self._node_changed(node)
-
-    def _snapshot_detached(self, snap: Snapshot) -> None:
-        for order in self._orders.values():
-            order.forget_snapshot(snap)
+            self._watch.snapshot_changed(node, node.snapshot, "priority")
 
     # -- iteration ----------------------------------------------------------------------
     def nodes(self) -> Iterator[TreeNode]:
@@ -344,7 +325,7 @@ class RadixTree:
             parent = node.parent
             assert parent is not None and parent.children.get(node.first_page_key(P)) is node, \
                 f"{node} is not reachable under its first-page key"
-            assert node._tree is self, f"{node} does not report to this tree"
+            assert node._watch is self._watch, f"{node} does not report to this tree"
             assert len(node.token_bytes) == node.num_pages * P * TOKEN_BYTES and node.num_pages > 0, \
                 f"{node}: ragged pages"
             assert node.num_pages == len(node.hashes), f"{node}: page count is off"
@@ -362,5 +343,4 @@ class RadixTree:
             if node.snapshot is not None:
                 assert node.snapshot.lock >= 0, f"{node}: negative snapshot lock"
                 assert node.snapshot._node is node, f"{node}: its snapshot points elsewhere"
-        for order in self._orders.values():
-            order.check(nodes)
+        self._watch.check(nodes)

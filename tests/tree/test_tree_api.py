@@ -164,3 +164,30 @@ def test_hashes_are_chained_from_bytes_as_from_arrays():
     node = t.insert(toks(1, 2), ids(1, 2)).last
     h1 = page_hash(b"s", b"\0" * 32, toks(1))
     assert node.hashes == [h1, page_hash(b"s", h1, toks(2).tobytes())]
+
+
+def test_evictable_totals_follow_locks_residency_splits_and_removal():
+    t = RadixTree(P, needs_snapshots=True)
+    a = t.insert(toks(1, 2), ids(10, 11)).last
+    b = t.insert(toks(1, 2, 3), ids(10, 11, 12)).last
+    ev = lambda: (t.evictable("device", "page"), t.evictable("host", "page"),  # noqa: E731
+                  t.evictable("device", "state"), t.evictable("host", "state"))
+    assert ev() == (3, 0, 0, 0)
+    t.lock(b)
+    assert ev() == (0, 0, 0, 0)
+    t.lock(b, -1)
+    b.host_ids, b.device_ids = ids(7), None               # b demoted to a shadow
+    assert ev() == (2, 1, 0, 0)
+    b.lock_host = 1
+    assert ev() == (2, 0, 0, 0)
+    b.lock_host = 0
+    a.snapshot = Snapshot(device_id=0)
+    b.snapshot = Snapshot(host_id=5)
+    assert ev() == (2, 1, 1, 1)
+    a.snapshot.lock = 1
+    assert ev() == (2, 1, 0, 1)
+    t.split(a, 1)                                          # the pages move, the totals stay
+    assert ev() == (2, 1, 0, 1)
+    t.remove_subtree(b)
+    assert ev() == (2, 0, 0, 0)
+    t.check_integrity()
