@@ -44,13 +44,15 @@ _set = object.__setattr__
 
 class Removed(NamedTuple):
     """Ids a subtree removal gave up, for the caller to free; ``nodes`` in removal order
-    (children before parents), each node's ids in page order."""
+    (children before parents), each node's ids in page order; ``snapshots`` the snapshot
+    objects detached, in the same order."""
 
     device_pages: np.ndarray
     host_pages: np.ndarray
     device_snapshots: list[int]
     host_snapshots: list[int]
     nodes: list[TreeNode]
+    snapshots: list[Snapshot]
 
 
 def _ids(parts: list[np.ndarray]) -> np.ndarray:
@@ -210,12 +212,14 @@ class RadixTree:
         _set(node, "parent", None)
         self._watch.node_changed(parent)
 
-    def remove_subtree(self, node: TreeNode) -> Removed:
+    def remove_subtree(self, node: TreeNode, on_detach: Callable[[TreeNode], None] | None = None) -> Removed:
         """Take every copy under and including ``node`` and detach those nodes.
 
         Returns the ids for the caller to free. Nothing in the subtree may be locked or have
         a snapshot that is locked or being backed up (the caller checks
-        :meth:`subtree_pinned` first when a copy could be in flight).
+        :meth:`subtree_pinned` first when a copy could be in flight). ``on_detach(n)`` is
+        called for each node after its copies were taken, just before it leaves its parent
+        (for bookkeeping the caller keys by node).
         """
         order, stack = [], [node]
         while stack:
@@ -223,7 +227,7 @@ class RadixTree:
             order.append(n)
             stack.extend(n.children.values())
         order.reverse()  # children first
-        dev, host, dsnap, hsnap = [], [], [], []
+        dev, host, dsnap, hsnap, snaps = [], [], [], [], []
         for n in order:
             assert n.lock_device == 0 and n.lock_host == 0, f"removing locked {n}"
             if n.device_ids is not None:
@@ -239,9 +243,12 @@ class RadixTree:
                     dsnap.append(snap.device_id)
                 if snap.host_id is not None:
                     hsnap.append(snap.host_id)
+                snaps.append(snap)
                 n.snapshot = None
+            if on_detach is not None:
+                on_detach(n)
             self.remove(n)
-        return Removed(_ids(dev), _ids(host), dsnap, hsnap, order)
+        return Removed(_ids(dev), _ids(host), dsnap, hsnap, order, snaps)
 
     def subtree_pinned(self, node: TreeNode, busy: Callable[[TreeNode], bool] | None = None) -> bool:
         """True if removing ``node``'s subtree would take a copy someone is reading: a lock,

@@ -116,8 +116,12 @@ def build_branch():
 def test_remove_subtree_returns_every_id_children_first():
     t, a, b, c, d, e = build_branch()
     assert not t.subtree_pinned(a)
-    removed = t.remove_subtree(b)
+    snap_d = d.snapshot
+    seen = []
+    removed = t.remove_subtree(b, on_detach=lambda n: seen.append((n.node_id, n.parent.node_id)))
     assert [n.node_id for n in removed.nodes] == [c.node_id, d.node_id, b.node_id]
+    assert seen == [(c.node_id, b.node_id), (d.node_id, b.node_id), (b.node_id, a.node_id)]  # still attached
+    assert removed.snapshots == [snap_d] and snap_d._node is None
     assert removed.host_pages.tolist() == [22, 23, 21] and removed.device_pages.size == 0
     assert (removed.device_snapshots, removed.host_snapshots) == ([], [7])
     assert b.parent is None and list(a.children.values()) == [e] and d.snapshot is None
