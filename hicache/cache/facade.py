@@ -267,6 +267,7 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
             # may ack the page load first, and its exclusive-tier release must not free the
             # host row this snapshot load is about to read.
             self._loading_snaps[id(snap)] = None
+            snap.loading = True  # the tree's eviction order leaves it (and its node) out
         return loads
 
     # -- requests' pages ----------------------------------------------------------------

@@ -110,6 +110,8 @@ def check_cache(cache: "HiCache") -> None:
         if n.snapshot is not None:
             assert n.snapshot.lock == snap_locks[id(n.snapshot)], f"{n}: snapshot lock count is off"
             assert not n.snapshot.empty, f"{n}: empty snapshot left attached"
+            assert n.snapshot.loading == (id(n.snapshot) in cache._loading_snaps), \
+                f"{n}: Snapshot.loading disagrees with the loads in flight"
     for snap, node in cache._orphans.items():  # nothing silently kept: each still has a holder
         assert node.snapshot is snap and snap.provisional_owner is None, f"{node}: stale orphan snapshot"
         assert snap.lock or snap.backup_pending or snap.put_pending or id(snap) in cache._loading_snaps, \

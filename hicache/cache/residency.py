@@ -426,6 +426,7 @@ class ResidencyMixin:
                 node.device_ids = None
         if tag.snap is not None:
             self._loading_snaps.pop(id(tag.snap), None)
+            tag.snap.loading = False
             if ok:
                 self._release_host_snapshot(tag.snap)
             else:
