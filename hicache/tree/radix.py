@@ -69,6 +69,8 @@ class RadixTree:
     root: TreeNode = field(init=False)
     clock: int = field(default=0, init=False)
     _next_id: int = field(default=1, init=False)
+    _shape: int = field(default=0, init=False)   # bumped by every split, add and removal
+    _last_walk: tuple | None = field(default=None, init=False, repr=False)
     _watch: TreeWatch = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,23 +85,38 @@ class RadixTree:
         return self.clock
 
     def walk(self, tokens: np.ndarray | bytes, max_pages: int) -> PathMatch:
-        """Follow whole pages of ``tokens`` (at most ``max_pages``) down the tree."""
+        """Follow whole pages of ``tokens`` (at most ``max_pages``) down the tree.
+
+        The last walk is remembered with the tree's shape (bumped by every split, add and
+        removal): walking the same tokens again on an unchanged shape -- a ``load`` right
+        after its ``match`` -- returns the same path without comparing tokens again.
+        """
         q = tokens if isinstance(tokens, bytes) else token_bytes(tokens)
+        last = self._last_walk
+        if last is not None and last[1] == max_pages and last[2] == self._shape and last[0] == q:
+            return last[3]   # the same tokens on the same tree shape (a load after its match)
         W = self.page_tokens * TOKEN_BYTES
         end = min(max_pages, len(q) // W)
         segments = []
         node, pos = self.root, 0
         while pos < end:
-            child = node.children.get(q[pos * W: (pos + 1) * W])
+            off = pos * W
+            child = node.children.get(q[off: off + W])
             if child is None:
                 break
-            matched = self.common_pages(child, q, pos, end)
+            k = child.num_pages
+            if pos + k <= end and child.token_bytes == q[off: off + k * W]:
+                matched = k   # the common case, inline: the whole node matches
+            else:
+                matched = self.common_pages(child, q, pos, end)
             segments.append((child, matched))
             pos += matched
-            if matched < child.num_pages:
+            if matched < k:
                 break
             node = child
-        return PathMatch(tuple(segments))
+        path = PathMatch(tuple(segments))
+        self._last_walk = (q, max_pages, self._shape, path)
+        return path
 
     def common_pages(self, child: TreeNode, q: bytes, pos: int, end: int) -> int:
         """How many leading pages of ``child`` equal pages ``pos, pos+1, ... < end`` of ``q``
@@ -119,12 +136,12 @@ class RadixTree:
     def touch(self, match: PathMatch, *, hit: bool = True) -> None:
         """Record an access along a matched path (LRU time, LFU count)."""
         now = self.tick()
-        changed = self._watch.node_changed
+        touched = self._watch.node_touched
         for node, _ in match.segments:
             _set(node, "last_access", now)
             if hit:
                 _set(node, "hit_count", node.hit_count + 1)
-            changed(node)
+            touched(node)
 
     def node_at(self, path: PathMatch, pages: int) -> TreeNode:
         """The node ending exactly ``pages`` pages deep on ``path``, splitting one if needed."""
@@ -148,6 +165,7 @@ class RadixTree:
             parent -> [ upper: p0 .. pk-1 ] -> [ node: pk .. pn-1 ]   (snapshot stays on node)
         """
         assert 0 < pages < node.num_pages, f"split of {node} at {pages} is not interior"
+        self._shape += 1
         cut = pages * self.page_tokens * TOKEN_BYTES
         parent = node.parent
         assert parent is not None
@@ -185,6 +203,7 @@ class RadixTree:
         P = self.page_tokens
         data = tokens if isinstance(tokens, bytes) else token_bytes(tokens)
         assert len(data) % (P * TOKEN_BYTES) == 0 and data, "a node holds whole pages"
+        self._shape += 1
         hashes = chain_hashes(self.hash_seed, parent.last_hash, data, P)
         node = TreeNode(data, hashes, parent, device_ids=device_ids, host_ids=host_ids,
                         last_access=self.tick(), node_id=self._new_id(), depth=parent.depth + len(hashes))
@@ -207,6 +226,7 @@ class RadixTree:
         parent = node.parent
         assert parent is not None
         del parent.children[node.first_page_key(self.page_tokens)]
+        self._shape += 1
         self._watch.node_removed(node)
         _set(node, "_watch", None)
         _set(node, "parent", None)
@@ -273,14 +293,16 @@ class RadixTree:
     # -- locks --------------------------------------------------------------------------
     def lock(self, node: TreeNode, delta: int = 1) -> None:
         """Pin (or unpin, ``delta=-1``) the device pages of a node and all its ancestors."""
-        changed = self._watch.node_changed
+        changed, locked = self._watch.node_changed, self._watch.node_locked
         n = node
         while n.parent is not None:
             old = n.lock_device
             new = old + delta
             assert new >= 0, f"unlock below zero on {n}"
             _set(n, "lock_device", new)
-            if not old or not new:  # eviction reads only "locked or not"
+            if not old:        # eviction reads only "locked or not"
+                locked(n)
+            elif not new:
                 changed(n)
             n = n.parent
 

@@ -91,6 +91,19 @@ class TreeWatch:
         for order in self.orders.values():
             order.refresh_node(node)
 
+    def node_touched(self, node: "TreeNode") -> None:
+        """Only ``node``'s access time or hit count changed: a new key if it is a candidate
+        (a node outside every order has no key to update, and totals ignore access)."""
+        for order in self.orders.values():
+            if node in order.device or node in order.host:
+                order.refresh_node(node)
+
+    def node_locked(self, node: "TreeNode") -> None:
+        """``node``'s device lock went from 0 to 1: it leaves the orders and the totals."""
+        self._count(node)
+        for order in self.orders.values():
+            order.forget_node(node)
+
     def node_removed(self, node: "TreeNode") -> None:
         was = node._counted
         self.pages["device"] -= was[0]
