@@ -180,30 +180,53 @@ class _Requests:
         return full[: len(full) - self.P // 2], full   # prompt: all but half a page
 
 
-def run_scale(points: tuple[int, ...] = SCALE_POINTS, page_tokens: int = 16, ops: int = 2000,
+def run_scale(points: tuple[int, ...] = SCALE_POINTS, page_tokens: int = 16, ops: int = 2000, rounds: int = 5,
               progress: Callable[[int, int], None] | None = None) -> dict:
-    """Mean microseconds per request (match + publish + eviction) at each cached size."""
-    out = []
+    """Mean microseconds per request (match + publish + eviction) at each cached size.
+
+    Every size gets its own cache, filled to capacity and warmed up first; then ``rounds``
+    rounds each time ``ops / rounds`` requests on every cache in turn (the requests are made
+    before the clock starts), and a size's figure is its median round -- so a change in the
+    machine's load during the run hits all sizes alike. The filled caches are frozen out of
+    the garbage collector's scans (``gc.freeze()``, as long-running servers do), so a
+    collection costs the same whatever the cache size.
+    """
+    caches, streams = [], []
     for k, pages in enumerate(points):
         cache = tiny_cache(page_tokens, pages)
         reqs = _Requests(page_tokens, seed=k)
-        used = lambda: cache.pools.device.num_used("page")  # noqa: E731
-        while used() < pages - 32:   # fill to capacity
+        while cache.pools.device.num_used("page") < pages - 32:   # fill to capacity
             serve(cache, *reqs.next(revisit=False))
         for i in range(200):          # warm up at capacity (evicting from here on)
             serve(cache, *reqs.next(revisit=bool(i % 2)))
-        gc.collect()
-        t0 = time.perf_counter()
-        for i in range(ops):
-            serve(cache, *reqs.next(revisit=bool(i % 2)))
-        us = (time.perf_counter() - t0) / ops * 1e6
-        cached = used()
-        nodes = sum(1 for _ in cache.tree.nodes())
+        caches.append(cache)
+        streams.append(reqs)
+        if progress is not None:
+            progress(k + 1, len(points) + rounds)
+    gc.collect()
+    gc.freeze()
+    per_round = max(ops // rounds, 1)
+    samples: list[list[float]] = [[] for _ in points]
+    try:
+        for r in range(rounds):
+            for k in list(range(r % len(points), len(points))) + list(range(r % len(points))):
+                batch = [streams[k].next(revisit=bool(i % 2)) for i in range(per_round)]
+                t0 = time.perf_counter()
+                for prompt, full in batch:
+                    serve(caches[k], prompt, full)
+                samples[k].append((time.perf_counter() - t0) / per_round * 1e6)
+            if progress is not None:
+                progress(len(points) + r + 1, len(points) + rounds)
+    finally:
+        gc.unfreeze()
+    out = []
+    for k, cache in enumerate(caches):
+        out.append({"cached_pages": cache.pools.device.num_used("page"),
+                    "tree_nodes": sum(1 for _ in cache.tree.nodes()),
+                    "us_per_op": round(float(np.median(samples[k])), 1),
+                    "us_per_op_rounds": [round(x, 1) for x in samples[k]]})
         cache.check_integrity()
         cache.close()
-        out.append({"cached_pages": cached, "tree_nodes": nodes, "us_per_op": round(us, 1)})
-        if progress is not None:
-            progress(k + 1, len(points))
-    return {"page_tokens": page_tokens, "ops_per_point": ops,
+    return {"page_tokens": page_tokens, "ops_per_point": per_round * rounds, "rounds": rounds,
             "scale_points": [[p["cached_pages"], p["us_per_op"]] for p in out], "points": out,
             "scale_ratio": round(out[-1]["us_per_op"] / out[0]["us_per_op"], 3)}
