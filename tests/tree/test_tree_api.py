@@ -195,3 +195,20 @@ def test_evictable_totals_follow_locks_residency_splits_and_removal():
     t.remove_subtree(b)
     assert ev() == (2, 0, 0, 0)
     t.check_integrity()
+
+
+def test_a_repeated_walk_is_reused_only_while_the_tree_shape_is_unchanged():
+    t = RadixTree(P)
+    t.insert(toks(1, 2, 3), ids(10, 11, 12))
+    first = t.walk(toks(1, 2, 3, 4), 3)
+    assert t.walk(toks(1, 2, 3, 4), 3) is first            # same tokens, same shape
+    assert t.walk(toks(1, 2, 3, 4), 2) is not first        # another cap
+    node = first.segments[0][0]
+    node.host_ids, node.device_ids = ids(5, 6, 7), None     # residency is not shape
+    again = t.walk(toks(1, 2, 3, 4), 3)
+    assert again == first and t.walk(toks(1, 2, 3, 4), 3) is again
+    t.insert(toks(1, 2, 3, 4), ids(10, 11, 12, 13))       # a new child: the walk goes deeper
+    assert t.walk(toks(1, 2, 3, 4, 5), 4).num_pages == 4
+    t.split(t.walk(toks(1, 2, 3), 3).segments[0][0], 1)   # a split: segments change
+    assert [k for _, k in t.walk(toks(1, 2, 3, 4, 5), 4).segments] == [1, 2, 1]
+    t.check_integrity()
