@@ -306,6 +306,32 @@ class RadixTree:
                 changed(n)
             n = n.parent
 
+    def move_lock(self, old: TreeNode, new: TreeNode) -> None:
+        """Move one lock from ``old``'s path to ``new``'s: ``lock(new)`` then ``lock(old, -1)``,
+        touching only the nodes on one path and not the other (a publish that extends the
+        prefix a request holds costs the pages it adds, not its context)."""
+        gain: list[TreeNode] = []
+        drop: list[TreeNode] = []
+        a, b = old, new
+        while a is not b:
+            if a.depth >= b.depth and a.parent is not None:
+                drop.append(a)
+                a = a.parent
+            else:
+                assert b.parent is not None, "move_lock between nodes of different trees"
+                gain.append(b)
+                b = b.parent
+        changed, locked = self._watch.node_changed, self._watch.node_locked
+        for n in gain:
+            _set(n, "lock_device", n.lock_device + 1)
+            if n.lock_device == 1:
+                locked(n)
+        for n in drop:
+            assert n.lock_device > 0, f"unlock below zero on {n}"
+            _set(n, "lock_device", n.lock_device - 1)
+            if n.lock_device == 0:
+                changed(n)
+
     # -- eviction order -------------------------------------------------------------------
     def eviction_order(self, strategy: "EvictionStrategy") -> EvictionOrder:
         """The victim order under ``strategy``, built on first use and kept current."""

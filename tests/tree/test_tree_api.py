@@ -212,3 +212,24 @@ def test_a_repeated_walk_is_reused_only_while_the_tree_shape_is_unchanged():
     t.split(t.walk(toks(1, 2, 3), 3).segments[0][0], 1)   # a split: segments change
     assert [k for _, k in t.walk(toks(1, 2, 3, 4, 5), 4).segments] == [1, 2, 1]
     t.check_integrity()
+
+
+def test_move_lock_changes_only_the_nodes_on_one_path():
+    t = RadixTree(P)
+    a = t.insert(toks(1, 2), ids(10, 11)).last
+    b = t.insert(toks(1, 2, 3), ids(10, 11, 12)).last
+    c = t.insert(toks(1, 2, 4), ids(10, 11, 14)).last
+    d = t.insert(toks(5), ids(15)).last
+    locks = lambda: [n.lock_device for n in (a, b, c, d)]  # noqa: E731
+    t.lock(a)
+    t.move_lock(a, b)                 # extend: only b gains
+    assert locks() == [1, 1, 0, 0]
+    t.move_lock(b, c)                 # sideways: b drops, c gains, a keeps its lock
+    assert locks() == [1, 0, 1, 0]
+    t.move_lock(c, d)                 # across the root
+    assert locks() == [0, 0, 0, 1]
+    t.move_lock(d, t.root)            # back to nothing held
+    assert locks() == [0, 0, 0, 0] and t.evictable("device", "page") == 5
+    t.move_lock(t.root, c)
+    assert locks() == [1, 0, 1, 0] and t.evictable("device", "page") == 2
+    t.check_integrity()
