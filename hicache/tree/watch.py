@@ -99,10 +99,19 @@ class TreeWatch:
                 order.refresh_node(node)
 
     def node_locked(self, node: "TreeNode") -> None:
-        """``node``'s device lock went from 0 to 1: it leaves the orders and the totals."""
-        self._count(node)
+        """``node``'s device lock went from 0 to 1: it leaves the orders and the totals.
+        (Runs for every newly locked node on a request's path: kept to dict lookups.)"""
+        was = node._counted
+        if was[0] or was[1]:
+            pages = self.pages
+            pages["device"] -= was[0]
+            pages["host"] -= was[1]
+            _set(node, "_counted", _NONE)
         for order in self.orders.values():
-            order.forget_node(node)
+            if node in order.device._cur:
+                order.device.set(node, None)
+            if node in order.host._cur:
+                order.host.set(node, None)
 
     def node_removed(self, node: "TreeNode") -> None:
         was = node._counted
