@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--scale-max-pages", args.scale_max_pages,
                               f"must be at least {bench_tree_trace.SCALE_POINTS[1]} (two points)")
         out = bench_tree_trace.run_scale(points, page_tokens=args.page_tokens or 16, ops=args.scale_ops,
-                                         progress=Progress("bench tree --scale", len(points) + 5, enabled=not args.json))
+                                         progress=Progress("bench tree --scale", len(points) + 10, enabled=not args.json))
         _print(out, args, "hicache bench tree --scale")
         return 0
     return run_prompts(args)
