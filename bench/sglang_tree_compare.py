@@ -1,7 +1,7 @@
 """``hicache bench tree --trace`` against SGLang's radix caches on the same token trace, in one run.
 
     python bench/sglang_tree_compare.py TOKENS.jsonl --capacity-tokens 262144 \\
-        [--sglang-python /work/venvs/sglang/bin/python] [--rounds 3] [--json]
+        [--sglang-python VENV/bin/python] [--rounds 3] [--json]
 
 Three sides, each a fresh process per round, in rotating order within a round:
 
@@ -11,8 +11,8 @@ Three sides, each a fresh process per round, in rotating order within a round:
 * ``sglang-rust``: SGLang's ``UnifiedRadixCache`` over its Rust ``TreeCore`` (the default
   backend; one FULL component), i.e. what its scheduler calls.
 
-The SGLang sides run this file with ``--worker`` in SGLang's venv (built by
-``../shared/tools/setup_sglang_venv.sh``), the way its peer harness drives a cache: per
+The SGLang sides run this file with ``--worker`` in SGLang's venv (``.ci/sglang_venv.sh``,
+i.e. ``../shared/tools/setup_sglang_venv.sh``), the way its peer harness drives a cache: per
 request ``match_prefix(prompt[:-1])`` (one op), then at finish (the other op) lock the
 matched node, read its device indices, evict to make room at the capacity, allocate the
 rest from a ``PagedTokenToKVPoolAllocator`` (pools allocated, never touched), insert
@@ -196,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capacity-tokens", type=int, required=True)
     p.add_argument("--page-tokens", type=int, default=256)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--sglang-python", default="/work/venvs/sglang/bin/python",
-                   help="python of a venv with sglang 0.5.23 (../shared/tools/setup_sglang_venv.sh)")
+    venv = os.environ.get("HICACHE_SGLANG_VENV") or str(ROOT.parent / "venvs" / "sglang")
+    p.add_argument("--sglang-python", default=f"{venv}/bin/python",
+                   help="python of a venv with sglang 0.5.23 (default: $HICACHE_SGLANG_VENV or ../venvs/sglang, "
+                        "as .ci/sglang_venv.sh builds it)")
     p.add_argument("--worker", choices=SIDES[1:], help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
