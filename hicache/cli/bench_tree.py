@@ -69,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
 
     if args.trace and args.scale:
         raise ConfigError("--scale", True, "give either --trace or --scale, not both")
+    at_least("--page-tokens", args.page_tokens, 1)
+    if args.page_tokens is not None and args.config is not None:
+        raise ConfigError("--page-tokens", args.page_tokens, "comes from the layout when --config is given")
     if args.trace:
         if args.capacity_tokens is None:
             raise ConfigError("--capacity-tokens", None, "--trace needs --capacity-tokens N")
@@ -77,8 +80,9 @@ def run(args: argparse.Namespace) -> int:
         _print(out, args, f"hicache bench tree --trace {args.trace}")
         return 0
     if args.scale:
-        if args.scale_ops < 100:
-            raise ConfigError("--scale-ops", args.scale_ops, "must be at least 100")
+        at_least("--scale-ops", args.scale_ops, 100)
+        if args.config is not None:
+            raise ConfigError("--config", args.config, "--scale runs its own one-byte-per-page layout")
         points = tuple(p for p in bench_tree_trace.SCALE_POINTS if p <= args.scale_max_pages)
         if len(points) < 2:
             raise ConfigError("--scale-max-pages", args.scale_max_pages,

@@ -121,7 +121,16 @@ def _pct(values: list[float], q: float) -> float:
 
 def run_trace(trace: str, capacity_tokens: int, page_tokens: int, config: str | None = None,
               progress: Callable[[int, int], None] | None = None) -> dict:
-    """Replay a token trace through the facade (see module docstring); the figures as a dict."""
+    """Replay a token trace through the facade (see module docstring); the figures as a dict.
+
+    With ``config`` the layout (and its page size) come from that config; layouts with state
+    families publish a snapshot at each request's finish boundary.
+    """
+    if config is not None:
+        from hicache.cli.common import resolve_config
+        from hicache.config import load_config
+
+        page_tokens = load_config(resolve_config(config))[0].page_tokens
     if capacity_tokens is None or capacity_tokens < page_tokens:
         raise ConfigError("--capacity-tokens", capacity_tokens, f"must be at least one page ({page_tokens})")
     requests = read_token_trace(trace)

@@ -49,6 +49,17 @@ def test_trace_evicts_at_capacity(tmp_path, capsys):
     assert data["cached_pages"] == 3 and data["evicted_pages"] == 6 and data["hit_frac"] == 0.4
 
 
+def test_trace_on_a_hybrid_config_publishes_snapshots(tmp_path, capsys):
+    # tiny-hybrid: 16-token pages, state families -> each finish publishes a snapshot and
+    # the next turn resumes at it (B resumes at A's finish boundary: 32 of its 37 tokens)
+    a_in, a_out = list(range(20)), list(range(100, 112))
+    b_in = a_in + a_out + [7] * 5
+    trace = write_trace(tmp_path / "h.jsonl", [(a_in, a_out), (b_in, [8] * 3)])
+    data = run_json(capsys, ["--trace", trace, "--capacity-tokens", "640", "--config", "tiny-hybrid"])
+    assert data["page_tokens"] == 16 and data["cached_pages"] == 2
+    assert data["hit_frac"] == round(32 / (20 + 37), 4)
+
+
 def test_scale_reports_one_point_per_size():
     out = run_scale((1024, 4096), page_tokens=8, ops=100)
     assert [p[0] for p in out["scale_points"]] == [p["cached_pages"] for p in out["points"]]
@@ -64,6 +75,10 @@ def test_scale_reports_one_point_per_size():
     (["--trace", "BAD", "--capacity-tokens", "1024"], "needs input_ids and output_ids"),
     (["--trace", "X", "--scale"], "either --trace or --scale"),
     (["--scale", "--scale-max-pages", "2000"], "two points"),
+    (["--scale", "--scale-ops", "10"], "--scale-ops=10: must be >= 100"),
+    (["--trace", "X", "--capacity-tokens", "1024", "--page-tokens", "0"], "--page-tokens=0"),
+    (["--trace", "X", "--capacity-tokens", "1024", "--config", "tiny-mha", "--page-tokens", "4"],
+     "comes from the layout"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
     good = three_requests(tmp_path)
