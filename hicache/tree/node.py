@@ -37,6 +37,7 @@ import numpy as np
 HASH_BYTES = 32
 ROOT_HASH = b"\x00" * HASH_BYTES
 TOKEN_BYTES = 4  # int32 little-endian
+UNCOUNTED = (0, 0)  # a node's or snapshot's (device, host) share of the evictable totals: none
 
 _set = object.__setattr__
 
@@ -86,7 +87,7 @@ class Snapshot:
                  provisional_owner: int | None = None, backup_pending: bool = False, put_pending: bool = False,
                  loading: bool = False, last_access: float = 0.0):
         _set(self, "_node", None)  # the node it is attached to (set by ``node.snapshot = ...``)
-        _set(self, "_counted", (0, 0))  # what it adds to its tree's evictable totals (watch.py)
+        _set(self, "_counted", UNCOUNTED)  # what it adds to its tree's evictable totals (watch.py)
         _set(self, "device_id", device_id)
         _set(self, "host_id", host_id)
         _set(self, "lock", lock)
@@ -143,7 +144,7 @@ class TreeNode:
                  lock_host: int = 0, backup_pending: int = 0, load_ticket: object | None = None,
                  l3_put: object | None = None, l3_stored: bool = False, from_l3: bool = False,
                  last_access: float = 0.0, hit_count: int = 0, node_id: int = 0, depth: int = 0):
-        for name, value in (("_watch", None), ("_counted", (0, 0)), ("token_bytes", token_bytes), ("hashes", hashes), ("parent", parent),
+        for name, value in (("_watch", None), ("_counted", UNCOUNTED), ("token_bytes", token_bytes), ("hashes", hashes), ("parent", parent),
                             ("device_ids", device_ids), ("host_ids", host_ids), ("children", {}),
                             ("lock_device", lock_device), ("lock_host", lock_host),
                             ("backup_pending", backup_pending), ("load_ticket", load_ticket), ("l3_put", l3_put),

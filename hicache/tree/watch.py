@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
+from hicache.tree.node import UNCOUNTED as _NONE
 from hicache.tree.order import EvictionOrder
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from hicache.tree.node import Snapshot, TreeNode
 
 _set = object.__setattr__
-_NONE = (0, 0)
 
 
 class TreeWatch:
@@ -47,6 +47,15 @@ class TreeWatch:
         return order
 
     # -- totals -----------------------------------------------------------------------------
+    @staticmethod
+    def _settle(totals: dict[str, int], item: "TreeNode | Snapshot", now: tuple[int, int]) -> None:
+        """Move ``item``'s share of ``totals`` from what it counted to ``now`` (device, host)."""
+        was = item._counted
+        if now != was:
+            totals["device"] += now[0] - was[0]
+            totals["host"] += now[1] - was[1]
+            _set(item, "_counted", now)
+
     def _count(self, n: "TreeNode") -> None:
         if n.lock_device:
             now = _NONE
@@ -56,11 +65,7 @@ class TreeWatch:
             now = (0, n.num_pages)
         else:
             now = _NONE
-        was = n._counted
-        if now != was:
-            self.pages["device"] += now[0] - was[0]
-            self.pages["host"] += now[1] - was[1]
-            _set(n, "_counted", now)
+        self._settle(self.pages, n, now)
 
     def _count_snapshot(self, s: "Snapshot", attached: bool = True) -> None:
         now = _NONE
@@ -69,11 +74,7 @@ class TreeWatch:
                 now = (1, 0)
             elif s.host_id is not None:
                 now = (0, 1)
-        was = s._counted
-        if now != was:
-            self.snapshots["device"] += now[0] - was[0]
-            self.snapshots["host"] += now[1] - was[1]
-            _set(s, "_counted", now)
+        self._settle(self.snapshots, s, now)
 
     # -- reports ----------------------------------------------------------------------------
     def node_changed(self, node: "TreeNode", residency: bool = False) -> None:
@@ -101,12 +102,8 @@ class TreeWatch:
     def node_locked(self, node: "TreeNode") -> None:
         """``node``'s device lock went from 0 to 1: it leaves the orders and the totals.
         (Runs for every newly locked node on a request's path: kept to dict lookups.)"""
-        was = node._counted
-        if was[0] or was[1]:
-            pages = self.pages
-            pages["device"] -= was[0]
-            pages["host"] -= was[1]
-            _set(node, "_counted", _NONE)
+        if node._counted is not _NONE:
+            self._settle(self.pages, node, _NONE)
         for order in self.orders.values():
             if node in order.device._cur:
                 order.device.set(node, None)
@@ -114,10 +111,7 @@ class TreeWatch:
                 order.host.set(node, None)
 
     def node_removed(self, node: "TreeNode") -> None:
-        was = node._counted
-        self.pages["device"] -= was[0]
-        self.pages["host"] -= was[1]
-        _set(node, "_counted", _NONE)
+        self._settle(self.pages, node, _NONE)
         for order in self.orders.values():
             order.forget_node(node)
         if node.snapshot is not None:
