@@ -18,7 +18,6 @@ One scheduler step of an engine, in terms of this API::
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
 
 import numpy as np
 
@@ -34,13 +33,6 @@ from hicache.pools import AllocResult, build_pools
 from hicache.transfer import TransferConfig, TransferController
 from hicache.tree import (PathMatch, RadixTree, RetentionPolicy, Snapshot,
                           TreeNode, chain_hashes, get_strategy)
-
-
-class _Resume(NamedTuple):
-    pages: int            # resume point in pages
-    node: TreeNode | None  # node ending at the resume point (None: mid-node or root)
-    device_pages: int
-    snapshot: Snapshot | None
 
 
 class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
@@ -86,29 +78,12 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
     def _max_pages(self, tokens: np.ndarray) -> int:
         return max(len(tokens) - 1, 0) // self.page_tokens
 
-    def _resume(self, path: PathMatch) -> _Resume:
-        best = _Resume(0, None, 0, None)
-        pages, device_pages, device_prefix = 0, 0, True
-        for node, used in path.segments:
-            if device_prefix and node.on_device:
-                device_pages += used
-            else:
-                device_prefix = False
-            pages += used
-            full = used == node.num_pages
-            snap = node.snapshot if full else None
-            if not self.has_state:
-                best = _Resume(pages, node if full else None, device_pages, None)
-            elif snap is not None and not snap.empty:
-                best = _Resume(pages, node, device_pages, snap)
-        return best._replace(device_pages=min(best.device_pages, best.pages))
-
     def match(self, tokens: object) -> MatchResult:
         """Find the usable prefix of ``tokens`` across the device and host tiers."""
         toks = as_tokens(tokens)
         max_pages = self._max_pages(toks)
         path = self.tree.walk(toks, max_pages)
-        r = self._resume(path)
+        r = self.tree.resume_point(path)
         hist = path.num_pages
         P = self.page_tokens
         l3 = chain_hashes(self.tree.hash_seed, path.last_hash, toks[hist * P: max_pages * P], P)
@@ -120,19 +95,6 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
                            snapshot_tier=tier, history_tokens=hist * P, l3_hashes=tuple(l3))
 
     # -- load ---------------------------------------------------------------------------
-    def _node_at(self, path: PathMatch, pages: int) -> TreeNode:
-        """The node ending exactly ``pages`` pages deep on ``path``, splitting one if needed."""
-        if pages == 0:
-            return self.tree.root
-        seen = 0
-        for node, _ in path.segments:
-            if seen + node.num_pages == pages:
-                return node
-            if seen + node.num_pages > pages:
-                return self.tree.split(node, pages - seen)
-            seen += node.num_pages
-        raise AssertionError(f"boundary {pages} is past the matched path")
-
     def load(self, match: MatchResult, *, start: bool = True) -> Lease:
         """Lock the usable prefix of ``match`` and queue the loads it needs from the host.
 
@@ -144,16 +106,16 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self._check_open()
         toks = match.tokens
         path = self.tree.walk(toks, self._max_pages(toks))
-        r = self._resume(path)
-        node = self._node_at(path, r.pages)
+        r = self.tree.resume_point(path)
+        node = self.tree.node_at(path, r.pages)
         self._pin(node, r.snapshot, +1)  # before making room: eviction must not take them
         loads = self._queue_load(node, r.snapshot)
         if loads is None:
             self._pin(node, r.snapshot, -1)
             self.counters.load_fallbacks += 1
             path = self.tree.walk(toks, self._max_pages(toks))  # a split may have changed it
-            r = self._device_resume(path)
-            node = self._node_at(path, r.pages)
+            r = self.tree.resume_point(path, device_only=True)
+            node = self.tree.node_at(path, r.pages)
             self._pin(node, r.snapshot, +1)
             loads = []
         lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * self.page_tokens,
@@ -214,22 +176,6 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
                 snap.lock += delta
             else:
                 self._unlock_snapshot(snap)
-
-    def _device_resume(self, path: PathMatch) -> _Resume:
-        """The deepest resume point that needs no load (fallback when the device is full)."""
-        best = _Resume(0, None, 0, None)
-        pages = 0
-        for node, used in path.segments:
-            if not node.on_device:
-                break
-            pages += used
-            full = used == node.num_pages
-            s = node.snapshot if full else None
-            if not self.has_state:
-                best = _Resume(pages, node if full else None, pages, None)
-            elif s is not None and s.device_id is not None:
-                best = _Resume(pages, node, pages, s)
-        return best
 
     def _queue_load(self, node: TreeNode, snap: Snapshot | None) -> list[Load] | None:
         """Allocate device rows for every shadow page up to ``node`` and for the snapshot.

@@ -104,7 +104,7 @@ class L3Mixin:
         # keeps the node from being *removed* (host eviction, dropping a device-only
         # subtree); it does not hold device pages -- a prefetch waiting for its request to
         # be scheduled must never starve running requests of device room.
-        node = self._node_at(path, base)
+        node = self.tree.node_at(path, base)
         if not node.is_root:
             self._prefetch_pins[node] = self._prefetch_pins.get(node, 0) + 1
         op = self.prefetcher.start(list(match.l3_hashes), need_state=self.has_state)

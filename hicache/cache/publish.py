@@ -67,20 +67,19 @@ class PublishMixin:
             raise MisuseError("publish with tokens that differ from the lease's matched prefix")
         if snapshot_id is not None and snapshot_id not in lease._unpublished_snapshots:
             raise MisuseError(f"snapshot {snapshot_id} was not allocated for this lease")
-        table = np.asarray(lease.page_table[:num_pages], np.int64)
-        res = self.tree.insert(toks[: num_pages * P], table)
+        table = np.asarray(lease.page_table[lease.published_pages:num_pages], np.int64)
+        res = self.tree.insert(toks, table, start=lease._locked_node)
         if res.duplicates.size:
             self._free("device", "page", res.duplicates)
             lease.owned.difference_update(res.duplicates.tolist())
-        lease.page_table[:num_pages] = res.page_ids.tolist()
+        lease.page_table[lease.published_pages:num_pages] = res.page_ids.tolist()
         private = set(res.private.tolist())
         published = num_pages if not private else min(private)
         for i in range(lease.published_pages, published):
             lease.owned.discard(lease.page_table[i])
         self.counters.published_pages += max(published - lease.published_pages, 0)
         self.counters.duplicate_pages += int(res.duplicates.size)
-        self.tree.lock(res.last)
-        self.tree.lock(lease._locked_node, -1)
+        self.tree.move_lock(lease._locked_node, res.last)
         lease._locked_node = res.last
         lease.published_pages = max(published, lease.published_pages)
         lease.tokens = toks

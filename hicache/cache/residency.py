@@ -61,11 +61,6 @@ class ResidencyMixin:
     """Eviction, backup and ack handling; expects the attributes HiCache sets up."""
 
     # -- helpers ------------------------------------------------------------------------
-    def _busy(self, node: TreeNode) -> bool:
-        snap = node.snapshot
-        return node.load_ticket is not None or (snap is not None and (snap.backup_pending or snap.put_pending or
-                                                                       id(snap) in self._loading_snaps))
-
     def _free(self, tier: str, source: str, ids: Iterable[int] | np.ndarray) -> None:
         arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64)
         if arr.size:
@@ -85,26 +80,14 @@ class ResidencyMixin:
 
     def _remove_subtree(self, node: TreeNode) -> int:
         """Free every copy under and including ``node`` and detach it; returns host pages freed."""
-        freed = 0
-        order, stack = [], [node]
-        while stack:
-            n = stack.pop()
-            order.append(n)
-            stack.extend(n.children.values())
-        for n in reversed(order):  # children first
-            assert n.lock_device == 0 and n.lock_host == 0, f"removing locked {n}"
-            if n.device_ids is not None:
-                self._free("device", "page", n.device_ids)
-                n.device_ids = None
-            if n.host_ids is not None:
-                freed += len(n.host_ids)
-                self._free("host", "page", n.host_ids)
-                n.host_ids = None
-            self._drop_snapshot(n)
-            if self.store is not None:
-                self._forget_unstored(n)
-            self.tree.remove(n)
-        return freed
+        removed = self.tree.remove_subtree(node, on_detach=self._forget_unstored if self.store is not None else None)
+        self._free("device", "page", removed.device_pages)
+        self._free("host", "page", removed.host_pages)
+        self._free("device", "state", removed.device_snapshots)
+        self._free("host", "state", removed.host_snapshots)
+        for snap in removed.snapshots:
+            self._orphans.pop(snap, None)
+        return len(removed.host_pages)
 
     def _alloc(self, tier: str, source: str, n: int):
         """Allocate ``n`` ids, evicting if needed -- but only when eviction can succeed.
@@ -115,7 +98,7 @@ class ResidencyMixin:
         """
         pools = getattr(self.pools, tier)
         short = n - pools.num_free(source)
-        if short > 0 and (n > pools.capacity(source) or short > self._evictable(tier, source)):
+        if short > 0 and (n > pools.capacity(source) or short > self.tree.evictable(tier, source)):
             return pools.alloc(source, n)  # NoRoom: nothing allocated, nothing evicted
         if short > 0:
             evict = {("device", "page"): self._evict_device_pages,
@@ -126,31 +109,10 @@ class ResidencyMixin:
         return pools.alloc(source, n)
 
     # -- eviction -----------------------------------------------------------------------
-    def _evictable(self, tier: str, source: str) -> int:
-        """An upper bound on what eviction could free in ``tier`` (pinned copies excluded)."""
-        if source == "state":
-            want_device = tier == "device"
-            return sum(1 for _, s in self.tree.snapshots() if not s.lock and (
-                s.device_id is not None if want_device else (s.host_id is not None and s.device_id is None)))
-        if tier == "device":
-            return sum(n.num_pages for n in self.tree.nodes() if n.on_device and n.lock_device == 0)
-        return sum(n.num_pages for n in self.tree.nodes()
-                   if n.is_shadow and n.lock_device == 0 and n.lock_host == 0)
-
-    def _subtree_pinned(self, node: TreeNode) -> bool:
-        """True if dropping ``node`` would remove a copy someone is reading (load, put)."""
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if n.lock_host or n.lock_device or self._busy(n) or n in self._prefetch_pins:
-                return True
-            stack.extend(n.children.values())
-        return False
-
     def _drop_device_copy(self, node: TreeNode) -> bool:
         """Evict ``node``'s device pages: demote if it has a host copy, else drop the node
         (and its shadow subtree). False if it must stay (something reads the subtree)."""
-        if not node.on_host and self._subtree_pinned(node):
+        if not node.on_host and self.tree.subtree_pinned(node, busy=self._prefetch_pins.__contains__):
             return False
         ids, node.device_ids = node.device_ids, None
         self._free("device", "page", ids)
@@ -175,7 +137,7 @@ class ResidencyMixin:
     def _evict_device_pass(self, need: int) -> int:
         freed, to_backup = 0, []
         write_back = self.config.write.write_policy == "write_back"
-        for node in device_victims(self.tree, self.strategy, busy=self._busy):
+        for node in device_victims(self.tree, self.strategy):
             if freed >= need:
                 break
             if write_back and not node.on_host:
@@ -200,7 +162,7 @@ class ResidencyMixin:
         for node in host_victims(self.tree, self.strategy):
             if freed >= need:
                 break
-            if self._busy(node) or (node.snapshot is not None and node.snapshot.lock) or node in self._prefetch_pins:
+            if node.busy or (node.snapshot is not None and node.snapshot.lock) or node in self._prefetch_pins:
                 continue
             freed += self._remove_subtree(node)
             self.counters.host_evicted_pages += node.num_pages
