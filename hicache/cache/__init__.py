@@ -1,12 +1,18 @@
-"""The ``HiCache`` facade: wires layout, pools, transfer and tree (and later storage).
+"""The ``HiCache`` facade and the parts it composes.
 
 Interface: :class:`HiCache`, :class:`MatchResult`, :class:`Lease`, :class:`PublishResult`,
-:class:`Boundary` (why a snapshot is offered), :class:`CacheStats`.
+:class:`SnapshotOutcome`, :class:`Boundary` (why a snapshot is offered), :class:`CacheStats`,
+:class:`Prefetch` (an L3 prefetch in flight), :class:`PlacementPolicy` (the replaceable
+placement and eviction decisions) and :class:`ConfiguredPolicy` (the config's policy).
 """
 
 from hicache.cache.facade import HiCache
+from hicache.cache.l3tier import Prefetch
 from hicache.cache.lease import Lease
-from hicache.cache.results import CacheStats, MatchResult, PublishResult
+from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
+from hicache.cache.results import CacheStats, MatchResult, PublishResult, SnapshotOutcome
+from hicache.cache.tokens import as_tokens
 from hicache.tree import Boundary
 
-__all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "CacheStats", "Boundary"]
+__all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "SnapshotOutcome", "CacheStats", "Boundary",
+           "Prefetch", "PlacementPolicy", "ConfiguredPolicy", "as_tokens"]

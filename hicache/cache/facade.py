@@ -8,73 +8,121 @@ One scheduler step of an engine, in terms of this API::
     cache.step()                            # launch every queued copy as one batch
     lease.wait(layer=l)                     # per layer, before attention of layer l
     ... compute into pools.device.view(family)[layer_idx, page_id] ...
-    cache.publish(lease, tokens, n_pages, snapshot_id=sid, why=Boundary.PREFILL)
+    cache.publish(lease, tokens, n_pages, snapshot=sid, why=Boundary.PREFILL)
     ... decode ...
-    cache.publish(lease, tokens, n_pages, snapshot_id=sid, why=Boundary.FINISH)
+    cache.publish(lease, tokens, n_pages, snapshot=sid, why=Boundary.FINISH)
     cache.release(lease)
     cache.poll()                            # apply finished backups and loads
+
+``HiCache`` is a thin facade over parts that each own their state and never call each
+other; it routes what one part produces to the part that acts on it::
+
+                     +-------------------- HiCache (leases, lookup counters) ---------------+
+    engine calls --> |  match/load/alloc/publish/release/prefetch/poll: route records     |
+                     +---+---------------+----------------+-----------------+-------------+
+                         |               |                |                 |
+                    Residency         Copies          Publisher          L3Tier
+                    pools, eviction,  controller,     retention,         store, prefetcher,
+                    backup/load       copies in       snapshot pins,     puts, retries,
+                    records, host     flight, acks    orphans            prefetch rows
+                    tier                 |
+                         \\______________|________________|_________________/
+                                     RadixTree (the shared map of who holds what)
+                                     PlacementPolicy (every placement decision)
+
+    an ack of a backup   -> Residency gives the nodes host ids -> L3Tier puts them
+    an ack of a load     -> Residency (exclusive tier: the host copy goes) -> Publisher
+                            settles an orphaned snapshot it read
+    a finished L3 put    -> Residency frees host copies loaded meanwhile -> Publisher
+    a node leaves the tree -> L3Tier forgets its retry, Publisher its orphan
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Sequence
 
 import numpy as np
 
-from hicache.cache.l3 import L3Mixin
+from hicache.cache.copies import Copies
+from hicache.cache.l3tier import L3Tier, Prefetch, PutDone
 from hicache.cache.lease import Lease
-from hicache.cache.publish import PublishMixin, as_tokens
-from hicache.cache.residency import Load, ResidencyMixin
-from hicache.cache.results import CacheStats, MatchResult
+from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
+from hicache.cache.publisher import Publisher
+from hicache.cache.residency import Load, PageBackup, Residency, SnapshotBackup
+from hicache.cache.results import CacheStats, LookupCounters, MatchResult, PublishResult
+from hicache.cache.tokens import as_tokens
 from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
-from hicache.pools import AllocResult, build_pools
-from hicache.transfer import TransferConfig, TransferController
-from hicache.tree import (PathMatch, RadixTree, RetentionPolicy, Snapshot,
-                          TreeNode, chain_hashes, get_strategy)
+from hicache.pools import AllocResult, Source, Tier, TieredPools, build_pools
+from hicache.transfer import Ack, Direction, TransferConfig
+from hicache.transfer.executor import FaultInjector
+from hicache.tree import ROOT_HASH, Boundary, PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode, chain_hashes
+
+DEVICE, HOST, PAGE, STATE = Tier.DEVICE, Tier.HOST, Source.PAGE, Source.STATE
 
 
-class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
+class HiCache:
     """A three-tier prefix cache for one model layout (see module docstring).
 
-    Not thread-safe: one engine thread drives it (copies run on their own workers).
+    Not thread-safe: one engine thread drives it (copies and L3 I/O run on their own
+    workers; a forward thread may wait on a lease, see :meth:`Lease.wait`).
     """
 
     def __init__(self, layout: CacheLayout, config: HiCacheConfig | None = None, *,
                  transfer: TransferConfig | None = None, hash_seed: bytes = b"hicache-v1",
-                 fault_injector=None):
+                 fault_injector: FaultInjector | None = None, policy: PlacementPolicy | None = None):
         self.layout = layout
         self.config = config or HiCacheConfig()
         self.page_tokens = layout.page_tokens
-        self.pools = build_pools(layout, self.config.pools)
+        pools = build_pools(layout, self.config.pools)
+        self._tree = RadixTree(layout.page_tokens, hash_seed=hash_seed, needs_snapshots=layout.has_state)
+        self._policy = policy or ConfiguredPolicy(self.config, layout.page_tokens)
+        self._residency = Residency(pools, self._tree, self._policy)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
-        self.ctl = TransferController(self.pools, transfer or TransferConfig(), fault_injector=fault_injector)
-        self.tree = RadixTree(layout.page_tokens, hash_seed=hash_seed, needs_snapshots=layout.has_state)
-        self.strategy = get_strategy(self.config.tree.eviction)
-        self.retention = RetentionPolicy(self.config.tree.retention_interval, layout.page_tokens)
-        self.has_state = layout.has_state
-        self.counters = CacheStats()
+        self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)
+        self._publisher = Publisher(self._tree, self._policy.retention)
+        self._l3 = L3Tier(self.config.storage, layout, self._tree, pools.host, pools.plan.host_bytes,
+                          pools.plan.page_bytes)
+        self._lookups = LookupCounters()
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
-        self._loading_snaps: dict[int, object] = {}  # id(snapshot) -> load handle (None: queued)
-        # provisional snapshots whose owner moved on while another holder still used them;
-        # each is dropped (and counted) at its last unlock
-        self._orphans: dict[Snapshot, TreeNode] = {}
-        self._release_after_put: set = set()  # exclusive tier: nodes/snapshots loaded while an L3 put read them
-        self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
-        self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
-        self._acks: list = []  # finished copies collected, applied by poll()/drain() only
         self._closed = False
-        self._init_l3()
 
     @classmethod
-    def from_config(cls, path: str, **overrides) -> "HiCache":
+    def from_config(cls, path: str, **overrides: object) -> "HiCache":
         """Build from a config YAML (``configs/*.yaml``); overrides as in ``load_config``."""
         layout, cfg = load_config(path, **overrides)
         return cls(layout, cfg)
 
-    # -- lookup -------------------------------------------------------------------------
+    # -- what the engine reads ----------------------------------------------------------------
+    @property
+    def pools(self) -> TieredPools:
+        """The device and host pools: engines compute into ``pools.device.view(family)``."""
+        return self._residency.pools
+
+    @property
+    def hash_seed(self) -> bytes:
+        return self._tree.hash_seed
+
+    @property
+    def num_nodes(self) -> int:
+        """Radix-tree nodes the cache holds now (each a run of pages)."""
+        return self._tree.num_nodes
+
+    @property
+    def counters(self) -> CacheStats:
+        """Every counter (a copy, gathered from the parts that count them)."""
+        return CacheStats.gather(self._lookups, self._residency.counters, self._publisher.counters,
+                                 self._l3.counters)
+
+    def page_hashes(self, tokens: object) -> list[bytes]:
+        """The chained hash of every whole page of ``tokens`` (the L3 keys, the same in
+        every process): ``h_i = SHA-256(seed | h_{i-1} | page i as int32 LE)``."""
+        return chain_hashes(self._tree.hash_seed, ROOT_HASH, as_tokens(tokens), self.page_tokens)
+
+    # -- lookup -------------------------------------------------------------------------------
     def _max_pages(self, tokens: np.ndarray) -> int:
         return max(len(tokens) - 1, 0) // self.page_tokens
 
@@ -82,19 +130,20 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         """Find the usable prefix of ``tokens`` across the device and host tiers."""
         toks = as_tokens(tokens)
         max_pages = self._max_pages(toks)
-        path = self.tree.walk(toks, max_pages)
-        r = self.tree.resume_point(path)
+        path = self._tree.walk(toks, max_pages)
+        r = self._tree.resume_point(path)
         hist = path.num_pages
         P = self.page_tokens
-        l3 = chain_hashes(self.tree.hash_seed, path.last_hash, toks[hist * P: max_pages * P], P)
+        l3 = chain_hashes(self._tree.hash_seed, path.last_hash, toks[hist * P: max_pages * P], P) \
+            if self._l3.enabled else []
         tier = None
         if r.snapshot is not None:
-            tier = "device" if r.snapshot.device_id is not None else "host"
+            tier = DEVICE if r.snapshot.device_id is not None else HOST
         return MatchResult(tokens=toks, page_tokens=P, resume_tokens=r.pages * P,
                            device_tokens=r.device_pages * P, host_tokens=(r.pages - r.device_pages) * P,
                            snapshot_tier=tier, history_tokens=hist * P, l3_hashes=tuple(l3))
 
-    # -- load ---------------------------------------------------------------------------
+    # -- load ---------------------------------------------------------------------------------
     def load(self, match: MatchResult, *, start: bool = True) -> Lease:
         """Lock the usable prefix of ``match`` and queue the loads it needs from the host.
 
@@ -104,119 +153,119 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         :meth:`step`, so a scheduler can batch the loads of many requests into one copy.
         """
         self._check_open()
+        if not isinstance(match, MatchResult):
+            raise MisuseError(f"load() takes the MatchResult of match(), got {type(match).__name__}")
         toks = match.tokens
-        path = self.tree.walk(toks, self._max_pages(toks))
-        r = self.tree.resume_point(path)
-        node = self.tree.node_at(path, r.pages)
-        self._pin(node, r.snapshot, +1)  # before making room: eviction must not take them
-        loads = self._queue_load(node, r.snapshot)
-        if loads is None:
-            self._pin(node, r.snapshot, -1)
-            self.counters.load_fallbacks += 1
-            path = self.tree.walk(toks, self._max_pages(toks))  # a split may have changed it
-            r = self.tree.resume_point(path, device_only=True)
-            node = self.tree.node_at(path, r.pages)
-            self._pin(node, r.snapshot, +1)
-            loads = []
-        lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * self.page_tokens,
-                      page_table=[], snapshot_id=None, page_tokens=self.page_tokens,
-                      published_pages=r.pages,
-                      _locked_node=node, _step=self.ctl.step)
+        r, node, loads = self._lock_resume_point(toks)
+        lease = self._open_lease(toks, r, node)
+        self._submit_loads(loads)
         chain = list(node.iter_ancestors())[::-1]
-        self.tree.touch(PathMatch(tuple((n, n.num_pages) for n in chain)))
-        lease.page_table = [int(i) for n in chain for i in n.device_ids]
+        deps = [n.load_ticket for n in chain if n.load_ticket is not None]
+        if r.snapshot is not None and r.snapshot.load_ticket is not None:
+            deps.append(r.snapshot.load_ticket)
+        lease._deps = list(dict.fromkeys(deps))
+        self._count_hit(lease, loads)
+        self._leases[lease.lease_id] = lease
+        nodes, snap = self._policy.backup_on_hit(chain, lease._resume_snapshot)
+        self._backup_pages(nodes)
+        if snap:
+            self._backup_snapshots([(chain[-1], lease._resume_snapshot)])
+        self._route_removed()
+        if start:
+            self._copies.step()
+        return lease
+
+    def _lock_resume_point(self, toks: np.ndarray) -> tuple[ResumePoint, TreeNode, list[Load]]:
+        """Pin the deepest usable resume point and queue its loads; when the device has no
+        room for them, fall back to the deepest point already on the device."""
+        path = self._tree.walk(toks, self._max_pages(toks))
+        r = self._tree.resume_point(path)
+        node = self._tree.node_at(path, r.pages)
+        self._pin(node, r.snapshot)  # before making room: eviction must not take them
+        loads = self._queue_load(node, r.snapshot)
+        if loads is not None:
+            return r, node, loads
+        self._unpin(node, r.snapshot)
+        self._lookups.load_fallbacks += 1
+        path = self._tree.walk(toks, self._max_pages(toks))  # a split may have changed it
+        r = self._tree.resume_point(path, device_only=True)
+        node = self._tree.node_at(path, r.pages)
+        self._pin(node, r.snapshot)
+        return r, node, []
+
+    def _pin(self, node: TreeNode, snap: Snapshot | None) -> None:
+        self._tree.lock(node)
+        if snap is not None:
+            self._publisher.pin(snap)
+
+    def _unpin(self, node: TreeNode, snap: Snapshot | None) -> None:
+        self._tree.lock(node, -1)
+        if snap is not None:
+            self._drop(self._publisher.unpin(snap))
+
+    def _queue_load(self, node: TreeNode, snap: Snapshot | None) -> list[Load] | None:
+        """Device rows for every shadow page up to ``node`` and for the snapshot: the loads
+        to submit, or None (nothing allocated) when there is no room."""
+        res = self._residency
+        plan = res.load_plan(node, snap)
+        if plan is None:
+            return None
+        res.hold_sources(plan, +1)  # keep the source rows from host eviction while we make room
+        pages = self._alloc(DEVICE, PAGE, plan.pages) if plan.pages else None
+        state = (self._alloc(DEVICE, STATE, 1)
+                 if plan.snapshot is not None and (pages is None or pages.ok) else None)
+        if (pages is not None and not pages.ok) or (state is not None and not state.ok):
+            res.hold_sources(plan, -1)
+            if pages is not None and pages.ok:
+                res.free(DEVICE, PAGE, pages.ids.numpy())
+            return None
+        return res.loads_for(plan, pages, state)
+
+    def _open_lease(self, toks: np.ndarray, r: ResumePoint, node: TreeNode) -> Lease:
+        P = self.page_tokens
+        lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * P, page_table=[],
+                      snapshot_id=None, page_tokens=P, published_pages=r.pages, _locked_node=node,
+                      _step=self._copies.launcher)
+        chain = list(node.iter_ancestors())[::-1]
+        self._tree.touch(PathMatch(tuple((n, n.num_pages) for n in chain)))
+        lease.page_table = np.concatenate([n.device_ids for n in chain]).tolist() if chain else []
+        if r.snapshot is not None:
+            r.snapshot.last_access = self._tree.clock
+            lease._resume_snapshot = r.snapshot
+            lease.snapshot_id = r.snapshot.device_id
+        return lease
+
+    def _submit_loads(self, loads: list[Load]) -> None:
         for load in loads:
             if load.nodes:
                 src = np.concatenate([n.host_ids for n in load.nodes])
-                handle = self._submit("h2d", "page", src, load.page_dst, load)
+                load.ticket = self._copies.submit(Direction.H2D, PAGE, src, load.page_dst, load)
                 for n in load.nodes:
-                    n.load_ticket = handle
+                    n.load_ticket = load.ticket
             else:
-                handle = self._submit("h2d", "state", np.asarray([load.snap_src]),
-                                      np.asarray([load.snap_dst]), load)
-                self._loading_snaps[id(load.snap)] = handle
-        deps = {id(n.load_ticket): n.load_ticket for n in chain if n.load_ticket is not None}
-        if r.snapshot is not None:
-            snap = r.snapshot
-            snap.last_access = self.tree.clock
-            lease._resume_snapshot = snap
-            lease.snapshot_id = snap.device_id
-            if (h := self._loading_snaps.get(id(snap))) is not None:
-                deps[id(h)] = h
-        lease._deps = list(deps.values())
+                load.ticket = self._copies.submit(Direction.H2D, STATE, np.asarray([load.snap_src]),
+                                                  np.asarray([load.snap_dst]), load)
+                load.snap.load_ticket = load.ticket
+
+    def _count_hit(self, lease: Lease, loads: list[Load]) -> None:
+        P = self.page_tokens
         loaded = sum(n.num_pages for load in loads for n in load.nodes)
         from_l3 = sum(n.num_pages for load in loads for n in load.nodes if n.from_l3)
         for load in loads:
             for n in load.nodes:
                 n.from_l3 = False
-        lease.loaded_tokens = loaded * self.page_tokens
-        lease.l3_tokens = from_l3 * self.page_tokens
-        c = self.counters
+        lease.loaded_tokens = loaded * P
+        lease.l3_tokens = from_l3 * P
+        c = self._lookups
         c.loads += bool(loads)
         c.matches += 1
-        c.match_tokens += len(toks)
+        c.match_tokens += len(lease.tokens)
         c.hit_tokens += lease.resume_tokens
-        c.host_hit_tokens += (loaded - from_l3) * self.page_tokens
-        c.l3_hit_tokens += from_l3 * self.page_tokens
-        c.device_hit_tokens += lease.resume_tokens - loaded * self.page_tokens
-        self._leases[lease.lease_id] = lease
-        if self.config.write.write_policy == "write_through_selective":
-            threshold = self.config.write.write_through_threshold
-            self._backup_nodes([n for n in chain if n.hit_count >= threshold])
-            if lease._resume_snapshot is not None and chain[-1].hit_count >= threshold:
-                self._backup_snapshots([(chain[-1], lease._resume_snapshot)])
-        if start:
-            self.ctl.step()
-        return lease
+        c.host_hit_tokens += (loaded - from_l3) * P
+        c.l3_hit_tokens += from_l3 * P
+        c.device_hit_tokens += lease.resume_tokens - loaded * P
 
-    def _pin(self, node: TreeNode, snap: Snapshot | None, delta: int) -> None:
-        self.tree.lock(node, delta)
-        if snap is not None:
-            if delta > 0:
-                snap.lock += delta
-            else:
-                self._unlock_snapshot(snap)
-
-    def _queue_load(self, node: TreeNode, snap: Snapshot | None) -> list[Load] | None:
-        """Allocate device rows for every shadow page up to ``node`` and for the snapshot.
-
-        Returns the loads to submit, or None (nothing allocated) if there is no room.
-        """
-        shadows = [n for n in node.iter_ancestors() if not n.on_device][::-1]
-        if shadows and any(n.load_ticket is not None for n in node.iter_ancestors() if n.on_device):
-            return None  # never load below a copy that is still loading (it could fail)
-        need = sum(n.num_pages for n in shadows)
-        need_snap = snap is not None and snap.device_id is None
-        for n in shadows:  # keep the source rows from host eviction while we make room
-            n.lock_host += 1
-        pages = self._alloc("device", "page", need) if need else None
-        sres = self._alloc("device", "state", 1) if need_snap and (pages is None or pages.ok) else None
-        ok = (pages is None or pages.ok) and (sres is None or sres.ok)
-        if not ok:
-            for n in shadows:
-                n.lock_host -= 1
-            if pages is not None and pages.ok:
-                self._free("device", "page", pages.ids.numpy())
-            return None
-        loads = []
-        if need:
-            dst = pages.ids.numpy()
-            off = 0
-            for n in shadows:
-                n.device_ids = dst[off: off + n.num_pages].copy()
-                off += n.num_pages
-            loads.append(Load(nodes=shadows, page_dst=dst))
-        if need_snap:
-            loads.append(Load(snap=snap, snap_src=snap.host_id, snap_dst=int(sres.ids[0])))
-            snap.device_id = int(sres.ids[0])
-            # Loading from now on, before anything is submitted: a drain under backpressure
-            # may ack the page load first, and its exclusive-tier release must not free the
-            # host row this snapshot load is about to read.
-            self._loading_snaps[id(snap)] = None
-            snap.loading = True  # the tree's eviction order leaves it (and its node) out
-        return loads
-
-    # -- requests' pages ----------------------------------------------------------------
+    # -- requests' pages ----------------------------------------------------------------------
     def _lease(self, lease: Lease) -> Lease:
         if not isinstance(lease, Lease) or self._leases.get(lease.lease_id) is not lease:
             raise MisuseError("unknown or released lease")
@@ -227,7 +276,7 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self._lease(lease)
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise MisuseError(f"alloc_pages: n must be an integer >= 0, got {n!r}")
-        res = self._alloc("device", "page", int(n))
+        res = self._alloc(DEVICE, PAGE, int(n))
         if res.ok:
             new = res.ids.tolist()
             lease.page_table.extend(new)
@@ -235,67 +284,334 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         return res
 
     def alloc_snapshot(self, lease: Lease) -> AllocResult:
-        """One device state row for the engine to save a boundary's state into."""
+        """One device state row for the engine to save a boundary's state into; pass the
+        allocation (or its id) to :meth:`publish` as ``snapshot``."""
         self._lease(lease)
         if not self.layout.object_bytes("state"):
             raise MisuseError("this layout has no state families; publish without a snapshot")
-        res = self._alloc("device", "state", 1)
+        res = self._alloc(DEVICE, STATE, 1)
         if res.ok:
             lease._unpublished_snapshots.add(int(res.ids[0]))
         return res
 
-    # -- progress -----------------------------------------------------------------------
+    # -- publish / release --------------------------------------------------------------------
+    def publish(self, lease: Lease, tokens: object, num_pages: int, *, snapshot: object = None,
+                snapshot_id: int | None = None, why: Boundary | str = Boundary.PREFILL) -> PublishResult:
+        """Publish the lease's first ``num_pages`` pages (and a snapshot for that boundary).
+
+        Call it after each prefill chunk (mid-flight: concurrent siblings reuse the prefix
+        at once) and at finish. Pages move from the lease into the tree without a copy; an
+        identical page someone published first wins and the lease's copy is freed (its
+        page table then points at the winner). Everything published stays locked until
+        :meth:`release`. ``snapshot`` is what :meth:`alloc_snapshot` returned (or its row
+        id; ``snapshot_id=`` is the older spelling); ``why`` tells the retention policy
+        what the boundary is.
+        """
+        self._lease(lease)
+        toks = as_tokens(tokens)
+        why = Boundary(why)
+        sid = _snapshot_row(snapshot if snapshot is not None else snapshot_id)
+        self._check_publish(lease, toks, num_pages, sid)
+        done = self._publisher.publish_pages(lease, toks, num_pages)
+        self._residency.free(DEVICE, PAGE, done.duplicates)
+        self._backup_pages(self._policy.backup_on_publish(done.new_nodes))
+        for node in done.new_nodes:  # exclusive tier: a recomputed shadow leaves the host
+            self._residency.release_host_copy(node)
+        outcome = None
+        if sid is not None:
+            lease._unpublished_snapshots.discard(sid)
+            if done.complete and num_pages > 0 and done.last.parent is not None:
+                offer = self._publisher.offer_snapshot(lease, done.last, sid, num_pages * self.page_tokens, why)
+                outcome = offer.outcome
+                if offer.free_row is not None:
+                    self._residency.free(DEVICE, STATE, [offer.free_row])
+                self._residency.release_host_snapshot(offer.regained)  # exclusive: the host copy goes
+                self._drop(offer.drop)
+                if offer.kept is not None and self._policy.backup_snapshot_on_publish(*offer.kept):
+                    self._backup_snapshots([offer.kept])
+            else:  # the boundary could not be published (a copy there is still loading)
+                self._residency.free(DEVICE, STATE, [sid])
+                self._publisher.unpublishable()
+        self._route_removed()
+        return PublishResult(published_pages=lease.published_pages,
+                             duplicates_freed=int(done.duplicates.size), snapshot=outcome)
+
+    def _check_publish(self, lease: Lease, toks: np.ndarray, num_pages: int, sid: int | None) -> None:
+        P = self.page_tokens
+        if not lease.ok:
+            raise MisuseError("publish on a lease whose load failed; release it and recompute")
+        if not lease.ready():
+            raise MisuseError("publish before the lease's loads finished; call lease.wait() first")
+        if isinstance(num_pages, bool) or not isinstance(num_pages, (int, np.integer)):
+            raise MisuseError(f"publish: num_pages must be an integer, got {num_pages!r}")
+        if not (lease.published_pages <= num_pages <= len(lease.page_table)) or len(toks) < num_pages * P:
+            raise MisuseError(f"publish of {num_pages} pages: lease has {len(lease.page_table)} pages, "
+                              f"{lease.published_pages} already published, {len(toks)} tokens")
+        fixed = max(lease.resume_tokens, lease.published_pages * P)
+        if not np.array_equal(toks[:fixed], lease.tokens[:fixed]):
+            raise MisuseError("publish with tokens that differ from the lease's matched prefix")
+        if sid is not None and sid not in lease._unpublished_snapshots:
+            raise MisuseError(f"snapshot {sid} was not allocated for this lease")
+
+    def release(self, lease: Lease) -> None:
+        """End a request: unlock its pages and snapshots, free what it never published."""
+        self._lease(lease)
+        out = self._publisher.release(lease)
+        self._drop(out.drop)
+        self._residency.free(DEVICE, PAGE, out.pages)
+        self._residency.free(DEVICE, STATE, out.snapshot_rows)
+        del self._leases[lease.lease_id]
+        self._route_removed()
+
+    # -- L3 prefetch ---------------------------------------------------------------------------
+    def prefetch(self, match: MatchResult) -> Prefetch | None:
+        """Start looking up (in L3) the pages past the host hit; None if there is nothing to ask.
+
+        Never blocks: the lookup runs on a storage worker. The prefix the pages will extend
+        stays in the tree until :meth:`finish_prefetch` or :meth:`cancel_prefetch`.
+        """
+        self._check_open()
+        if not self._l3.enabled or not match.l3_hashes or self.pools.host.host_layout != "page_first":
+            return None  # fetches land straight in host objects; layer_first has none
+        base = match.history_tokens // self.page_tokens
+        path = self._tree.walk(match.tokens, base)
+        if path.num_pages < base:
+            return None  # the tree changed since the match: match again
+        return self._l3.start(match.tokens, match.l3_hashes, base, self._tree.node_at(path, base))
+
+    def finish_prefetch(self, pf: Prefetch | None, *, landed_pages: int | None = None) -> int:
+        """Apply the prefetch policy, insert what arrived as host nodes; returns tokens added.
+
+        ``landed_pages`` is for callers that keep their own clock (a simulator such as the
+        reference engine, which decides from bytes and bandwidth what would have arrived
+        by now): the lookup and the fetch are then waited for in full, whatever the policy,
+        and only the first ``landed_pages`` fetched pages are inserted -- none when the plan
+        carries a state snapshot and ``landed_pages`` is short of the whole plan (history
+        without its state is of no use). ``None`` (the default): the policy decides.
+        """
+        if pf is None:
+            return 0
+        if pf.finished:
+            return pf.inserted_tokens
+        if landed_pages is not None and (isinstance(landed_pages, bool) or not isinstance(landed_pages, int)
+                                         or landed_pages < 0):
+            raise MisuseError(f"finish_prefetch: landed_pages must be an integer >= 0, got {landed_pages!r}")
+        plan = self._l3.await_plan(pf, landed_pages)
+        if plan is not None:
+            pages = self._alloc(HOST, PAGE, plan.pages)
+            state = self._alloc(HOST, STATE, 1) if pages.ok and plan.state_index is not None else None
+            if pages.ok and (state is None or state.ok):
+                self._l3.fetch(pf, pages.ids.numpy(), int(state.ids[0]) if state is not None else None)
+            else:
+                if pages.ok:
+                    self._residency.free(HOST, PAGE, pages.ids.numpy())
+                self._l3.abandon(pf)
+        tokens = self._l3.complete(pf, landed_pages)
+        self._free_fetched_rows()
+        self._route_removed()
+        return tokens
+
+    def cancel_prefetch(self, pf: Prefetch | None) -> None:
+        """Give up on a prefetch that will not be finished (releases its memory budget)."""
+        if pf is not None:
+            self._l3.cancel(pf)
+
+    def _free_fetched_rows(self) -> None:
+        pages, states = self._l3.take_free_rows()
+        self._residency.free(HOST, PAGE, pages)
+        self._residency.free(HOST, STATE, states)
+
+    # -- progress -----------------------------------------------------------------------------
     def step(self) -> None:
         """Launch every queued copy (one batched transfer per family and direction)."""
-        self.ctl.step()
+        self._copies.step()
 
     def poll(self) -> int:
         """Launch queued copies and apply finished ones to the tree; returns acks applied."""
-        self.ctl.step()
-        n = self._process_acks()
-        self._poll_l3()
+        self._copies.step()
+        n = self._apply_acks()
+        self._after_puts(self._l3.poll())
+        self._free_fetched_rows()
+        self._route_removed()
         return n
 
     def drain(self, timeout: float | None = 30.0) -> None:
         """Wait for every queued and in-flight copy and apply them (tests, shutdown)."""
-        self.ctl.step()
-        for handle in list(self._handles.values()):
-            handle.wait(timeout=timeout)
-        self._process_acks()
-        self._drain_l3(timeout)
-        self._process_acks()
+        self._copies.wait_all(timeout)
+        self._apply_acks()
+        self._after_puts(self._l3.drain(timeout))
+        self._free_fetched_rows()
+        self._apply_acks()
+        self._route_removed()
 
     def close(self) -> None:
         """Finish in-flight copies, apply them, and stop the copy workers."""
         if self._closed:
             return
         self.drain()
-        self._close_l3()
-        self.ctl.shutdown(wait=True)
+        self._after_puts(self._l3.close())
+        self._free_fetched_rows()
+        self._route_removed()
+        self._copies.shutdown()
         self._closed = True
 
     def _check_open(self) -> None:
         if self._closed:
             raise MisuseError("this HiCache is closed")
 
+    # -- routing between the parts ----------------------------------------------------------------
+    def _apply_acks(self) -> int:
+        acks = self._copies.take_acks()
+        for ack in acks:
+            self._apply(ack)
+        return len(acks)
+
+    def _apply(self, ack: Ack) -> None:
+        tag = ack.tag
+        if isinstance(tag, PageBackup):
+            self._l3.put_pages(self._residency.apply_page_backup(tag, ack.ok))
+        elif isinstance(tag, SnapshotBackup):
+            if self._residency.apply_snapshot_backup(tag, ack.ok):
+                self._l3.put_snapshot(tag.node, tag.snap)
+            self._drop(self._publisher.settle(tag.snap))
+        elif isinstance(tag, Load):
+            self._residency.apply_load(tag, ack.ok)
+            if tag.snap is not None:
+                self._drop(self._publisher.settle(tag.snap))
+        else:
+            raise AssertionError(f"an ack of a copy the cache never submitted: {tag!r}")
+
+    def _after_puts(self, done: list[PutDone]) -> None:
+        for put in done:
+            self._residency.put_finished(put.nodes, put.snap)
+            if put.snap is not None:
+                self._drop(self._publisher.settle(put.snap))
+
+    def _drop(self, nodes: Sequence[TreeNode]) -> None:
+        """Drop the snapshots the publisher let go of (retention)."""
+        for node in nodes:
+            self._residency.drop_snapshot(node)
+
+    def _route_removed(self) -> None:
+        removed, detached = self._residency.take_removed()
+        if removed:
+            self._l3.forget(removed)
+        if detached:
+            self._publisher.forget(detached)
+
+    # -- allocation and backups (residency + copies) ------------------------------------------
+    def _alloc(self, tier: Tier, source: Source, n: int) -> AllocResult:
+        """Allocate ``n`` ids, evicting if needed -- but only when eviction can succeed.
+
+        Feasibility comes first: a request for more than the tier could ever free (its
+        capacity, or what is free plus what is not pinned) is refused with nothing evicted,
+        so an impossible ask never wipes the cache for nothing.
+        """
+        res = self._residency
+        short = res.short_of(tier, source, n)
+        if short and res.feasible(tier, source, n):
+            if source is PAGE and tier is DEVICE:
+                self._evict_device_pages(short)
+            elif source is PAGE:
+                res.evict_host_pages(short)
+            else:
+                self._evict_snapshots(tier, short)
+        return res.take(tier, source, n)
+
+    def _evict_device_pages(self, need: int) -> None:
+        # write_back frees leaves only once they are backed up, which is what makes their
+        # parents eligible: repeat passes until enough is freed or a pass frees nothing.
+        total = 0
+        while total < need:
+            step = self._residency.evict_device_pages(need - total)
+            got = step.freed
+            if step.to_backup:
+                self._backup_pages(step.to_backup, sync=True)
+                # The boundary state goes down with the pages: without it a host (and later
+                # L3) copy of the prefix could never be resumed from its end.
+                self._backup_snapshots([(n, n.snapshot) for n in step.to_backup
+                                        if n.on_host and n.snapshot is not None
+                                        and n.snapshot.provisional_owner is None])
+                got -= self._residency.demote_backed_up(step.to_backup)
+            if got <= 0:
+                break
+            total += got
+
+    def _evict_snapshots(self, tier: Tier, need: int) -> None:
+        _, to_backup = self._residency.evict_snapshots(tier, need)
+        if to_backup:
+            self._backup_snapshots(to_backup, sync=True)
+            self._residency.drop_backed_up_snapshots(to_backup)
+
+    def _backup_pages(self, nodes: Sequence[TreeNode], *, sync: bool = False) -> None:
+        """Copy these nodes' device pages to new host rows (``sync``: now, ack applied)."""
+        nodes = self._residency.reserve_page_backup(nodes)
+        if not nodes:
+            return
+        tag = self._residency.page_backup(nodes, self._alloc(HOST, PAGE, sum(n.num_pages for n in nodes)))
+        if tag is None:
+            return
+        self._copies.submit(Direction.D2H, PAGE, tag.src, tag.dst, tag)
+        if sync:
+            self._apply(self._copies.run_now(tag))
+
+    def _backup_snapshots(self, items: Sequence[tuple[TreeNode, Snapshot]], *, sync: bool = False) -> None:
+        for node, snap in self._residency.reserve_snapshot_backup(items):
+            tag = self._residency.snapshot_backup(node, snap, self._alloc(HOST, STATE, 1))
+            if tag is None:
+                continue
+            self._copies.submit(Direction.D2H, STATE, np.asarray([tag.src]), np.asarray([tag.dst]), tag)
+            if sync:
+                self._apply(self._copies.run_now(tag))
+
+    # -- stats and checks ---------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters plus current occupancy of each tier (see docs/api.md for names)."""
         out = self.counters.as_dict()
-        for tier in ("device", "host"):
-            pools = getattr(self.pools, tier)
-            for source in ("page", "state"):
-                out[f"{tier}_{source}s_used"] = pools.num_used(source)
-                out[f"{tier}_{source}s_total"] = pools.capacity(source)
+        for tier in (DEVICE, HOST):
+            pools = self.pools.tier(tier)
+            for source in (PAGE, STATE):
+                out[f"{tier.value}_{source.value}s_used"] = pools.num_used(source)
+                out[f"{tier.value}_{source.value}s_total"] = pools.capacity(source)
         out["running_requests"] = len(self._leases)
         l3 = self.l3_stats()
         # faults are counted by type ("timeout") and by operation ("get.timeout"): one of each
         out["l3_errors"] = sum(v for k, v in l3.get("faults", {}).items() if "." not in k) if l3 else 0
         out["l3_rejected"] = sum(l3.get("rejected", {}).values()) if l3 else 0
-        out["hit_rate"] = self.counters.hit_tokens / self.counters.match_tokens if self.counters.match_tokens else 0.0
+        c = self._lookups
+        out["hit_rate"] = c.hit_tokens / c.match_tokens if c.match_tokens else 0.0
         return out
+
+    def l3_stats(self) -> dict:
+        """The L3 store's counters, faults by type, rejections, breaker and I/O histograms
+        (``{}`` without L3)."""
+        return self._l3.stats()
+
+    def transfer_stats(self) -> dict:
+        """Per direction (``d2h``, ``h2d``): bytes, seconds and GB/s of successful copies,
+        ops, batches, launches, failures; the copy backend and what is queued."""
+        return self._copies.stats()
+
+    def set_fault_injector(self, fault_injector: FaultInjector | None) -> None:
+        """Tests and stress runs: a hook called per copied layer; raising fails that copy."""
+        self._copies.set_fault_injector(fault_injector)
 
     def check_integrity(self) -> None:
         """Assert every pool balances and every id is owned by exactly one holder."""
         from hicache.cache.integrity import check_cache
 
-        check_cache(self)
+        check_cache(self.pools, self._tree, list(self._leases.values()), self._copies, self._l3, self._publisher)
+
+
+def _snapshot_row(snapshot: object) -> int | None:
+    """The device state row a publish names: an allocation from ``alloc_snapshot`` or its id."""
+    if snapshot is None:
+        return None
+    ids = getattr(snapshot, "ids", None)
+    if ids is not None:
+        if not getattr(snapshot, "ok", False) or len(ids) != 1:
+            raise MisuseError("publish: snapshot must be one row from alloc_snapshot()")
+        return int(ids[0])
+    if isinstance(snapshot, bool) or not isinstance(snapshot, (int, np.integer)):
+        raise MisuseError(f"publish: snapshot must be an allocation or a row id, got {snapshot!r}")
+    return int(snapshot)

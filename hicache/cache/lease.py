@@ -20,7 +20,18 @@ from typing import Any
 import numpy as np
 
 from hicache.errors import MisuseError
-from hicache.tree import Snapshot, TreeNode
+from hicache.tree import LoadTicket, Snapshot, TreeNode
+
+
+@dataclass(frozen=True)
+class LeaseHolds:
+    """A lease's pins: the node whose path it locks, the snapshots it pins (the one it
+    resumed from, the newest it published) and the device state rows it allocated and has
+    not published."""
+
+    locked_node: TreeNode | None
+    snapshots: tuple[Snapshot, ...]
+    unpublished_snapshots: frozenset[int]
 
 
 @dataclass(eq=False)
@@ -48,13 +59,18 @@ class Lease:
     _newest_snapshot: Snapshot | None = None
     _provisional: tuple[TreeNode, Snapshot] | None = None
     _unpublished_snapshots: set[int] = field(default_factory=set)
-    _deps: list[Any] = field(default_factory=list)
+    _deps: list[LoadTicket] = field(default_factory=list)
     _step: Any = None  # callable that launches queued copies (so wait() cannot deadlock)
     _owner: int = field(default_factory=threading.get_ident)  # the engine thread that made it
 
     @property
     def resume_pages(self) -> int:
         return self.resume_tokens // self.page_tokens
+
+    def holds(self) -> "LeaseHolds":
+        """What this lease pins in the cache (read by ``check_integrity``)."""
+        return LeaseHolds(self._locked_node, tuple(s for s in (self._resume_snapshot, self._newest_snapshot)
+                                                   if s is not None), frozenset(self._unpublished_snapshots))
 
     def ready(self) -> bool:
         """True once every load this lease depends on has finished (ok or not)."""

@@ -1,29 +1,39 @@
-"""Who lives where: eviction per tier, backups (write policies) and copy acks.
+"""Who lives where: the pools, their allocation and eviction, and the copies' bookkeeping.
 
-A mixin of :class:`hicache.cache.HiCache`; split out to keep the facade readable. Every
-id the tree gives up is freed here, in the pools, and nowhere else.
+:class:`Residency` owns the pools (the only code that allocates or frees an id) and carries
+out the placement policy's decisions on the tree: which victim goes, demote or drop, the
+records of backups and loads and what their acks change, the exclusive host tier. It never
+submits a copy or talks to L3: it hands the facade records (a :class:`PageBackup` to
+submit, nodes that gained a host copy) and the facade routes them.
 
 Device eviction of a node (leaf-first, unlocked, no copy in flight)::
 
     on host too        -> demote: free device ids, node becomes a shadow (still matches)
-    write_back policy  -> back up now (synchronously, one batched copy), then demote
+    write_back policy  -> the facade backs it up now (one synchronous batched copy), then
+                          :meth:`demote_backed_up` demotes it
     otherwise          -> drop: free device ids, remove the node (and any shadow subtree)
 
-Exclusive host tier (``host_tier: exclusive``, with write_back): when a load from the host
-lands, the host copy it read is freed (unless another reader still holds it), so a page
-lives on one tier at a time and the two budgets add up; the device evicting it again backs
-it up again.
+Exclusive host tier: when a load from the host lands, the host copy it read is freed
+(unless another reader still holds it), so a page lives on one tier at a time and the two
+budgets add up; the device evicting it again backs it up again. A host copy an L3 put is
+still reading is freed when the put ends (:meth:`put_finished`).
+
+Removals are reported, not routed: every node that leaves the tree (with its parent at
+that moment) and every snapshot detached with it is queued for :meth:`take_removed`, which
+the facade forwards to the parts that keep such objects in their own tables.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from hicache.transfer import CopyHandle, LoadHandle
-from hicache.tree import Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
+from hicache.cache.policy import PlacementPolicy
+from hicache.cache.results import ResidencyCounters
+from hicache.pools import AllocResult, Source, Tier, TieredPools
+from hicache.tree import LoadTicket, RadixTree, Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
 
 
 @dataclass(eq=False)
@@ -37,6 +47,8 @@ class PageBackup:
 
 @dataclass(eq=False)
 class SnapshotBackup:
+    """An in-flight D2H copy of one snapshot's device row into a new host row."""
+
     node: TreeNode
     snap: Snapshot
     src: int
@@ -55,67 +67,101 @@ class Load:
     snap: Snapshot | None = None
     snap_src: int | None = None
     snap_dst: int | None = None
+    ticket: LoadTicket | None = None   # its copy's handle, once submitted
 
 
-class ResidencyMixin:
-    """Eviction, backup and ack handling; expects the attributes HiCache sets up."""
+class LoadPlan(NamedTuple):
+    """What a resume point needs loaded: shadow nodes (root-first) and/or its snapshot."""
 
-    # -- helpers ------------------------------------------------------------------------
-    def _free(self, tier: str, source: str, ids: Iterable[int] | np.ndarray) -> None:
-        arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64)
+    shadows: list[TreeNode]
+    pages: int
+    snapshot: Snapshot | None   # a host-only snapshot to load, or None
+
+
+class EvictionPass(NamedTuple):
+    """One pass of device eviction: ids freed, and (write_back) victims to back up first."""
+
+    freed: int
+    to_backup: list[TreeNode]
+
+
+class Residency:
+    """The pools and everything about where copies live (see module docstring)."""
+
+    def __init__(self, pools: TieredPools, tree: RadixTree, policy: PlacementPolicy):
+        self.pools = pools
+        self._tree = tree
+        self._policy = policy
+        self.counters = ResidencyCounters()
+        # exclusive tier: nodes and snapshots loaded back while an L3 put read their host
+        # copy; the put's end frees it
+        self._release_after_put: set[TreeNode | Snapshot] = set()
+        self._removed: list[tuple[TreeNode, TreeNode | None]] = []   # (node, its parent)
+        self._detached: list[Snapshot] = []
+
+    # -- ids -------------------------------------------------------------------------------
+    def free(self, tier: Tier, source: Source, ids: Iterable[int] | np.ndarray) -> None:
+        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), np.int64)
         if arr.size:
-            getattr(self.pools, tier).free(source, arr)
+            self.pools.tier(tier).free(source, arr)
 
-    def _drop_snapshot(self, node: TreeNode) -> None:
+    def short_of(self, tier: Tier, source: Source, n: int) -> int:
+        """How many ids an allocation of ``n`` lacks now (0: it fits)."""
+        return max(n - self.pools.tier(tier).num_free(source), 0)
+
+    def feasible(self, tier: Tier, source: Source, n: int) -> bool:
+        """Could eviction make room for ``n``? (Capacity, and free plus unpinned.)"""
+        pools = self.pools.tier(tier)
+        return n <= pools.capacity(source) and n - pools.num_free(source) <= self._tree.evictable(tier, source)
+
+    def take(self, tier: Tier, source: Source, n: int) -> AllocResult:
+        """Allocate from what is free (no eviction): ``NoRoom`` when short."""
+        return self.pools.tier(tier).alloc(source, n)
+
+    # -- removal ---------------------------------------------------------------------------
+    def _remove_subtree(self, node: TreeNode) -> int:
+        """Free every copy under and including ``node`` and detach it; returns host pages freed."""
+        removed = self._tree.remove_subtree(node, on_detach=lambda n: self._removed.append((n, n.parent)))
+        self.free(Tier.DEVICE, Source.PAGE, removed.device_pages)
+        self.free(Tier.HOST, Source.PAGE, removed.host_pages)
+        self.free(Tier.DEVICE, Source.STATE, removed.device_snapshots)
+        self.free(Tier.HOST, Source.STATE, removed.host_snapshots)
+        self._detached.extend(removed.snapshots)
+        return len(removed.host_pages)
+
+    def drop_snapshot(self, node: TreeNode) -> None:
+        """Free both copies of ``node``'s snapshot and detach it."""
         snap = node.snapshot
         if snap is None:
             return
         assert snap.lock == 0 and not snap.backup_pending, f"dropping a pinned snapshot on {node}"
         if snap.device_id is not None:
-            self._free("device", "state", [snap.device_id])
+            self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
         if snap.host_id is not None:
-            self._free("host", "state", [snap.host_id])
+            self.free(Tier.HOST, Source.STATE, [snap.host_id])
         node.snapshot = None
-        self._orphans.pop(snap, None)
+        self._detached.append(snap)
 
-    def _remove_subtree(self, node: TreeNode) -> int:
-        """Free every copy under and including ``node`` and detach it; returns host pages freed."""
-        removed = self.tree.remove_subtree(node, on_detach=self._forget_unstored if self.store is not None else None)
-        self._free("device", "page", removed.device_pages)
-        self._free("host", "page", removed.host_pages)
-        self._free("device", "state", removed.device_snapshots)
-        self._free("host", "state", removed.host_snapshots)
-        for snap in removed.snapshots:
-            self._orphans.pop(snap, None)
-        return len(removed.host_pages)
+    def _detach_if_empty(self, node: TreeNode, snap: Snapshot) -> None:
+        if snap.empty and node.snapshot is snap:
+            node.snapshot = None
+            self._detached.append(snap)
 
-    def _alloc(self, tier: str, source: str, n: int):
-        """Allocate ``n`` ids, evicting if needed -- but only when eviction can succeed.
+    def take_removed(self) -> tuple[list[tuple[TreeNode, TreeNode | None]], list[Snapshot]]:
+        """Nodes that left the tree (with their parent then) and snapshots detached since
+        the last call, in order."""
+        out = (self._removed, self._detached)
+        self._removed, self._detached = [], []
+        return out
 
-        Feasibility comes first: a request for more than the tier could ever free (its
-        capacity, or what is free plus what is not pinned) is refused with nothing evicted,
-        so an impossible ask never wipes the cache for nothing.
-        """
-        pools = getattr(self.pools, tier)
-        short = n - pools.num_free(source)
-        if short > 0 and (n > pools.capacity(source) or short > self.tree.evictable(tier, source)):
-            return pools.alloc(source, n)  # NoRoom: nothing allocated, nothing evicted
-        if short > 0:
-            evict = {("device", "page"): self._evict_device_pages,
-                     ("host", "page"): self._evict_host_pages,
-                     ("device", "state"): lambda k: self._evict_snapshots("device", k),
-                     ("host", "state"): lambda k: self._evict_snapshots("host", k)}[(tier, source)]
-            evict(short)
-        return pools.alloc(source, n)
-
-    # -- eviction -----------------------------------------------------------------------
+    # -- eviction --------------------------------------------------------------------------
     def _drop_device_copy(self, node: TreeNode) -> bool:
         """Evict ``node``'s device pages: demote if it has a host copy, else drop the node
         (and its shadow subtree). False if it must stay (something reads the subtree)."""
-        if not node.on_host and self.tree.subtree_pinned(node, busy=self._prefetch_pins.__contains__):
+        if not node.on_host and self._tree.subtree_pinned(node):
             return False
         ids, node.device_ids = node.device_ids, None
-        self._free("device", "page", ids)
+        self.free(Tier.DEVICE, Source.PAGE, ids)
         if node.on_host:
             self.counters.device_demoted_pages += node.num_pages
         else:
@@ -123,280 +169,255 @@ class ResidencyMixin:
             self._remove_subtree(node)
         return True
 
-    def _evict_device_pages(self, need: int) -> int:
-        # write_back frees leaves only once they are backed up, which is what makes their
-        # parents eligible: repeat passes until enough is freed or a pass frees nothing.
-        total = 0
-        while total < need:
-            got = self._evict_device_pass(need - total)
-            if got <= 0:
-                break
-            total += got
-        return total
-
-    def _evict_device_pass(self, need: int) -> int:
+    def evict_device_pages(self, need: int) -> EvictionPass:
+        """Free up to ``need`` device pages, coldest first. Under write_back a victim with
+        no host copy is not dropped but returned for the caller to back up (then
+        :meth:`demote_backed_up`); it counts toward ``freed`` already."""
         freed, to_backup = 0, []
-        write_back = self.config.write.write_policy == "write_back"
-        for node in device_victims(self.tree, self.strategy):
+        for node in device_victims(self._tree, self._policy.strategy):
             if freed >= need:
                 break
-            if write_back and not node.on_host:
-                to_backup.append(node)   # backed up below, in one batched copy
+            if self._policy.write_back and not node.on_host:
+                to_backup.append(node)
                 freed += node.num_pages
             elif self._drop_device_copy(node):
                 freed += node.num_pages
-        if to_backup:
-            self._backup_nodes(to_backup, sync=True)
-            # The boundary state goes down with the pages: without it a host (and later L3)
-            # copy of the prefix could never be resumed from its end.
-            self._backup_snapshots([(n, n.snapshot) for n in to_backup
-                                    if n.on_host and n.snapshot is not None
-                                    and n.snapshot.provisional_owner is None])
-            for node in to_backup:
-                if node.parent is not None and node.on_device and not self._drop_device_copy(node):
-                    freed -= node.num_pages
-        return freed
+        return EvictionPass(freed, to_backup)
 
-    def _evict_host_pages(self, need: int) -> int:
+    def demote_backed_up(self, nodes: list[TreeNode]) -> int:
+        """After their backup: demote (or, when it failed, drop) write_back victims.
+        Returns the pages that could *not* be freed after all."""
+        kept = 0
+        for node in nodes:
+            if node.parent is not None and node.on_device and not self._drop_device_copy(node):
+                kept += node.num_pages
+        return kept
+
+    def evict_host_pages(self, need: int) -> int:
         freed = 0
-        for node in host_victims(self.tree, self.strategy):
+        for node in host_victims(self._tree, self._policy.strategy):
             if freed >= need:
                 break
-            if node.busy or (node.snapshot is not None and node.snapshot.lock) or node in self._prefetch_pins:
-                continue
             freed += self._remove_subtree(node)
             self.counters.host_evicted_pages += node.num_pages
         return freed
 
-    def _evict_snapshots(self, tier: str, need: int) -> int:
+    def evict_snapshots(self, tier: Tier, need: int) -> tuple[int, list[tuple[TreeNode, Snapshot]]]:
+        """Free up to ``need`` snapshot rows of ``tier``; under write_back a device snapshot
+        with no host copy is returned to back up first (then :meth:`drop_backed_up_snapshots`)."""
         freed, to_backup = 0, []
-        for node, snap in snapshot_victims(self.tree, self.strategy, tier):
+        for node, snap in snapshot_victims(self._tree, self._policy.strategy, tier):
             if freed >= need:
                 break
-            if id(snap) in self._loading_snaps:
-                continue
-            if tier == "host":
-                self._free("host", "state", [snap.host_id])
+            if tier is Tier.HOST:
+                self.free(Tier.HOST, Source.STATE, [snap.host_id])
                 snap.host_id = None
                 self.counters.snapshots_evicted_host += 1
             elif snap.host_id is not None:
-                self._free("device", "state", [snap.device_id])
+                self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
                 snap.device_id = None
-            elif self.config.write.write_policy == "write_back":
+            elif self._policy.write_back:
                 to_backup.append((node, snap))
             else:
-                self._free("device", "state", [snap.device_id])
+                self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
                 snap.device_id = None
                 self.counters.snapshots_evicted_device += 1
-            if snap.empty and node.snapshot is snap:
-                node.snapshot = None
-                self._orphans.pop(snap, None)
+            self._detach_if_empty(node, snap)
             freed += 1
-        if to_backup:
-            self._backup_snapshots(to_backup, sync=True)
-            for node, snap in to_backup:
-                self._free("device", "state", [snap.device_id])
-                snap.device_id = None
-                if snap.empty:
-                    self.counters.snapshots_evicted_device += 1
-                    node.snapshot = None
-                    self._orphans.pop(snap, None)
-        return freed
+        return freed, to_backup
 
-    # -- backups ------------------------------------------------------------------------
-    def _backup_nodes(self, nodes: list[TreeNode], *, sync: bool = False) -> None:
-        nodes = [n for n in nodes if n.on_device and not n.on_host and n.backup_pending == 0
-                 and n.load_ticket is None and n.parent is not None]
-        if not nodes:
-            return
-        src = np.concatenate([n.device_ids for n in nodes])
-        for n in nodes:  # pin before host eviction can look at them
+    def drop_backed_up_snapshots(self, items: list[tuple[TreeNode, Snapshot]]) -> None:
+        for node, snap in items:
+            self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
+            snap.device_id = None
+            if snap.empty:
+                self.counters.snapshots_evicted_device += 1
+                self._detach_if_empty(node, snap)
+
+    # -- backups ---------------------------------------------------------------------------
+    def reserve_page_backup(self, nodes: Iterable[TreeNode]) -> list[TreeNode]:
+        """The nodes among ``nodes`` a backup can copy now, marked as being backed up
+        (so eviction leaves them alone while their host rows are made)."""
+        picked = [n for n in nodes if n.on_device and not n.on_host and n.backup_pending == 0
+                  and n.load_ticket is None and n.parent is not None]
+        for n in picked:
             n.backup_pending += 1
-        alloc = self._alloc("host", "page", len(src))
+        return picked
+
+    def page_backup(self, nodes: list[TreeNode], alloc: AllocResult) -> PageBackup | None:
+        """The backup record for reserved ``nodes`` into ``alloc``'s host rows, or None
+        (unmarked, counted) when there was no host room."""
         if not alloc.ok:
             for n in nodes:
                 n.backup_pending -= 1
             self.counters.backup_skipped_no_room += 1
-            return
-        tag = PageBackup(nodes, src, alloc.ids.numpy())
-        self._submit("d2h", "page", src, tag.dst, tag, sync=sync)
+            return None
         self.counters.backups += 1
+        return PageBackup(nodes, np.concatenate([n.device_ids for n in nodes]), alloc.ids.numpy())
 
-    def _backup_snapshots(self, items: list[tuple[TreeNode, Snapshot]], *, sync: bool = False) -> None:
-        items = [(n, s) for n, s in items
-                 if s.device_id is not None and s.host_id is None and not s.backup_pending]
-        for node, snap in items:
-            snap.backup_pending = True
-            alloc = self._alloc("host", "state", 1)
-            if not alloc.ok:
-                snap.backup_pending = False
-                self.counters.backup_skipped_no_room += 1
-                continue
-            tag = SnapshotBackup(node, snap, snap.device_id, int(alloc.ids[0]))
-            self._submit("d2h", "state", np.asarray([tag.src]), np.asarray([tag.dst]), tag, sync=sync)
+    def reserve_snapshot_backup(self, items: Iterable[tuple[TreeNode, Snapshot]]) -> list[tuple[TreeNode, Snapshot]]:
+        picked = [(n, s) for n, s in items if s.device_id is not None and s.host_id is None and not s.backup_pending]
+        for _, s in picked:
+            s.backup_pending = True
+        return picked
 
-    def _submit(self, direction: str, source: str, src: np.ndarray, dst: np.ndarray, tag: Any,
-                *, sync: bool = False):
-        """Queue one copy; under backpressure, wait for in-flight copies and queue again.
+    def snapshot_backup(self, node: TreeNode, snap: Snapshot, alloc: AllocResult) -> SnapshotBackup | None:
+        if not alloc.ok:
+            snap.backup_pending = False
+            self.counters.backup_skipped_no_room += 1
+            return None
+        return SnapshotBackup(node, snap, snap.device_id, int(alloc.ids[0]))
 
-        Never applies an ack of another copy: waiting for room only *collects* finished
-        acks (:meth:`_collect_acks`); they take effect in :meth:`poll`/:meth:`drain`, between
-        engine calls. ``load()``, ``alloc_pages()`` and ``publish()`` therefore see a tree
-        that changes only by what they do themselves -- a load that failed meanwhile keeps
-        its ticket (and its lease sees the failure) until the engine polls. ``sync=True``
-        (write_back eviction) waits for this copy and applies its own ack alone.
-        """
-        handle = self.ctl.copy(direction, source, src, dst, tag=tag)
-        while not isinstance(handle, (CopyHandle, LoadHandle)):  # QueueFull
-            self._wait_for_queue_room()
-            handle = self.ctl.copy(direction, source, src, dst, tag=tag)
-        self._inflight[id(tag)] = tag
-        self._handles[id(tag)] = handle
-        if sync:
-            self.ctl.step()
-            handle.wait()
-            self._collect_acks()
-            self._apply_acks(own=tag)
-        return handle
-
-    def _wait_for_queue_room(self) -> None:
-        """Launch what is queued and wait for every in-flight copy; collect, not apply, acks."""
-        self.ctl.step()
-        for handle in list(self._handles.values()):
-            handle.wait()
-        before = len(self._acks)
-        self._collect_acks()
-        assert len(self._acks) > before, "transfer queue full with no copy in flight"
-
-    # -- acks ---------------------------------------------------------------------------
-    def _collect_acks(self) -> None:
-        """Take finished acks from the controller (freeing queue room) without applying them."""
-        self._acks.extend(self.ctl.poll())
-
-    def _process_acks(self) -> int:
-        """Apply every finished ack (only from ``poll``/``drain``: never inside an engine call)."""
-        self._collect_acks()
-        return self._apply_acks()
-
-    def _apply_acks(self, own: Any = None) -> int:
-        """Apply collected acks in submission order; ``own``: only the ack of that tag."""
-        if own is None:
-            acks, self._acks = self._acks, []
-        else:
-            acks = [a for a in self._acks if a.tag is own]
-            self._acks = [a for a in self._acks if a.tag is not own]
-        for ack in acks:
-            tag = ack.tag
-            self._inflight.pop(id(tag), None)
-            if isinstance(tag, PageBackup):
-                self._ack_page_backup(tag, ack.ok)
-            elif isinstance(tag, SnapshotBackup):
-                tag.snap.backup_pending = False
-                if ack.ok and tag.snap.device_id is not None:
-                    tag.snap.host_id = tag.dst
-                    self.counters.snapshots_backed_up += 1
-                    if tag.node.snapshot is tag.snap:
-                        self._l3_put_snapshot(tag.node, tag.snap)
-                else:
-                    self._free("host", "state", [tag.dst])
-                    self.counters.backup_failures += not ack.ok
-                self._settle_orphan(tag.snap)
-            elif isinstance(tag, Load):
-                self._ack_load(tag, ack.ok)
-            self._handles.pop(id(tag), None)
-        return len(acks)
-
-    def _ack_page_backup(self, tag: PageBackup, ok: bool) -> None:
+    def apply_page_backup(self, tag: PageBackup, ok: bool) -> list[TreeNode]:
+        """A page backup's ack: give the nodes their host ids; returns the nodes that now
+        have a host copy (for L3). A split since submission moved some pages into new
+        parents; they are found by walking up."""
         mapping = dict(zip(tag.src.tolist(), tag.dst.tolist()))
         used: set[int] = set()
         seen: set[int] = set()
-        visited: list[TreeNode] = []
+        gained: list[TreeNode] = []
         for start in tag.nodes:
-            for node in start.iter_ancestors():  # a split may have moved pages to new parents
+            for node in start.iter_ancestors():
                 if node.node_id in seen or node.backup_pending == 0 or node.device_ids is None:
                     break
                 ids = node.device_ids.tolist()
                 if not all(i in mapping for i in ids):
                     break
                 seen.add(node.node_id)
-                visited.append(node)
                 node.backup_pending -= 1
                 if ok and node.host_ids is None:
                     node.host_ids = np.asarray([mapping[i] for i in ids], np.int64)
                     used.update(node.host_ids.tolist())
                     self.counters.backed_up_pages += len(ids)
-        self._l3_put_pages([n for n in visited if n.host_ids is not None])
-        leftover = [d for d in tag.dst.tolist() if d not in used]
-        self._free("host", "page", leftover)
+                if node.host_ids is not None:
+                    gained.append(node)
+        self.free(Tier.HOST, Source.PAGE, [d for d in tag.dst.tolist() if d not in used])
         if not ok:
             self.counters.backup_failures += 1
+        return gained
 
-    def _release_host_copy(self, node: TreeNode) -> None:
-        """Exclusive tier: free ``node``'s host pages now that its device copy landed.
+    def apply_snapshot_backup(self, tag: SnapshotBackup, ok: bool) -> bool:
+        """A snapshot backup's ack; True when the snapshot now has a host copy to put to L3."""
+        snap = tag.snap
+        snap.backup_pending = False
+        if ok and snap.device_id is not None:
+            snap.host_id = tag.dst
+            self.counters.snapshots_backed_up += 1
+            return tag.node.snapshot is snap
+        self.free(Tier.HOST, Source.STATE, [tag.dst])
+        self.counters.backup_failures += not ok
+        return False
 
-        A no-op on an inclusive tier, so callers need not ask which tier they run on.
-        """
-        if self.config.write.host_tier != "exclusive":
-            return
-        if node.host_ids is None or node.device_ids is None or node.backup_pending:
-            return
-        # lock_host counts every reader of the host rows: in-flight loads and the L3 put.
-        if node.lock_host > (node.l3_put is not None):
-            return  # another load still reads the host rows: the last one frees them
-        if node.l3_put is not None:
-            self._release_after_put.add(node)  # the put reads them: it frees them when done
-            return
-        self._free("host", "page", node.host_ids)
-        self.counters.host_released_pages += len(node.host_ids)
-        node.host_ids = None
-        self._release_host_snapshot(node.snapshot)
+    # -- loads -----------------------------------------------------------------------------
+    def load_plan(self, node: TreeNode, snap: Snapshot | None) -> LoadPlan | None:
+        """What resuming at ``node`` (with ``snap``) must load; None when it cannot load
+        now (a shadow below a copy that is still loading: that copy could still fail)."""
+        chain = list(node.iter_ancestors())
+        shadows = [n for n in chain if not n.on_device][::-1]
+        if shadows and any(n.load_ticket is not None for n in chain if n.on_device):
+            return None
+        return LoadPlan(shadows, sum(n.num_pages for n in shadows),
+                        snap if snap is not None and snap.device_id is None else None)
 
-    def _release_host_snapshot(self, snap: Snapshot | None) -> None:
-        """Exclusive tier: free a snapshot's host copy when its device copy exists (else no-op)."""
-        if (self.config.write.host_tier != "exclusive" or snap is None or snap.host_id is None or snap.device_id is None
-                or snap.backup_pending or id(snap) in self._loading_snaps):
-            return
-        if snap.put_pending:
-            self._release_after_put.add(snap)  # the L3 put reads the row: freed when it is done
-            return
-        self._free("host", "state", [snap.host_id])
-        snap.host_id = None
-        self.counters.snapshots_released_host += 1
+    @staticmethod
+    def hold_sources(plan: LoadPlan, delta: int) -> None:
+        """Keep (``+1``) or let go (``-1``) the host rows a load will read."""
+        for n in plan.shadows:
+            n.lock_host += delta
 
-    def _ack_load(self, tag: Load, ok: bool) -> None:
-        handle = self._handles.get(id(tag))
+    def loads_for(self, plan: LoadPlan, pages: AllocResult | None, state: AllocResult | None) -> list[Load]:
+        """Give the plan's shadows and snapshot their new device rows; the loads to submit.
+
+        The snapshot is marked loading at once, before anything is submitted: a copy
+        finishing under backpressure must not free the host row it is about to read."""
+        loads = []
+        if plan.pages:
+            dst = pages.ids.numpy()
+            off = 0
+            for n in plan.shadows:
+                n.device_ids = dst[off: off + n.num_pages].copy()
+                off += n.num_pages
+            loads.append(Load(nodes=plan.shadows, page_dst=dst))
+        snap = plan.snapshot
+        if snap is not None:
+            loads.append(Load(snap=snap, snap_src=snap.host_id, snap_dst=int(state.ids[0])))
+            snap.device_id = int(state.ids[0])
+            snap.loading = True
+        return loads
+
+    def apply_load(self, tag: Load, ok: bool) -> None:
+        """A load's ack: the device copy is in place (exclusive tier: the host copy goes),
+        or it failed (the nodes become shadows again; dependent leases see the failure
+        through their handles and must not publish)."""
         done: list[TreeNode] = []
         for start in tag.nodes:
             # A split during the load moved some of its pages into new parents that carry
             # the same ticket: finish those too.
             for node in start.iter_ancestors():
-                if node.load_ticket is None or (handle is not None and node.load_ticket is not handle):
+                if node.load_ticket is None or node.load_ticket is not tag.ticket:
                     break
                 if node not in done:
                     done.append(node)
-        for node in sorted(done, key=self.tree.depth_pages, reverse=True):  # children first
+        for node in sorted(done, key=lambda n: n.depth, reverse=True):  # children first
             node.load_ticket = None
             node.lock_host -= 1
             if ok:
-                self._release_host_copy(node)  # exclusive tier: the host copy was read
+                self.release_host_copy(node)
             else:
-                # The device copy never arrived: back to a shadow. Dependent leases see the
-                # failure through their handles and must not publish (publish checks).
                 assert not any(c.on_device for c in node.children.values()), \
                     f"{node}: device children under a failed load"
-                self._free("device", "page", node.device_ids)
+                self.free(Tier.DEVICE, Source.PAGE, node.device_ids)
                 node.device_ids = None
-        if tag.snap is not None:
-            self._loading_snaps.pop(id(tag.snap), None)
-            tag.snap.loading = False
+        snap = tag.snap
+        if snap is not None:
+            snap.loading = False
+            snap.load_ticket = None
             if ok:
-                self._release_host_snapshot(tag.snap)
+                self.release_host_snapshot(snap)
             else:
-                self._free("device", "state", [tag.snap.device_id])
-                tag.snap.device_id = None
-            self._settle_orphan(tag.snap)
+                self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
+                snap.device_id = None
         if ok:
             self.counters.loaded_pages += sum(n.num_pages for n in done)
-            self.counters.snapshots_loaded += tag.snap is not None
+            self.counters.snapshots_loaded += snap is not None
         else:
             self.counters.load_failures += 1
+
+    # -- exclusive host tier -----------------------------------------------------------------
+    def release_host_copy(self, node: TreeNode) -> None:
+        """Exclusive tier: free ``node``'s host pages now that its device copy is in place.
+
+        A no-op on an inclusive tier, so callers need not ask which tier they run on."""
+        if not self._policy.exclusive_host:
+            return
+        if node.host_ids is None or node.device_ids is None or node.backup_pending or node.lock_host:
+            return  # another load still reads the host rows: the last one frees them
+        if node.l3_put is not None:
+            self._release_after_put.add(node)  # the put reads them: freed when it is done
+            return
+        self.free(Tier.HOST, Source.PAGE, node.host_ids)
+        self.counters.host_released_pages += len(node.host_ids)
+        node.host_ids = None
+        self.release_host_snapshot(node.snapshot)
+
+    def release_host_snapshot(self, snap: Snapshot | None) -> None:
+        """Exclusive tier: free a snapshot's host copy when its device copy exists (else no-op)."""
+        if (not self._policy.exclusive_host or snap is None or snap.host_id is None or snap.device_id is None
+                or snap.backup_pending or snap.loading):
+            return
+        if snap.put_pending:
+            self._release_after_put.add(snap)  # the L3 put reads the row: freed when it is done
+            return
+        self.free(Tier.HOST, Source.STATE, [snap.host_id])
+        snap.host_id = None
+        self.counters.snapshots_released_host += 1
+
+    def put_finished(self, nodes: Iterable[TreeNode], snap: Snapshot | None) -> None:
+        """An L3 put stopped reading these host copies: free the ones loaded meanwhile."""
+        for n in nodes:
+            if n in self._release_after_put:
+                self._release_after_put.discard(n)
+                self.release_host_copy(n)
+        if snap is not None and snap in self._release_after_put:
+            self._release_after_put.discard(snap)
+            self.release_host_snapshot(snap)

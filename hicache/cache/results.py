@@ -1,11 +1,21 @@
-"""Typed results of the engine-facing API: what a match found, what a request holds."""
+"""Typed results of the engine-facing API: what a match found, what publish did, counters."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
+from enum import Enum
 
 import numpy as np
+
+from hicache.pools import Tier
+
+
+class SnapshotOutcome(str, Enum):
+    """What became of a snapshot offered at publish (compares equal to its value)."""
+
+    KEPT = "kept"                # kept until evicted under pressure
+    PROVISIONAL = "provisional"  # kept until its request offers a newer one or releases
+    DUPLICATE = "duplicate"      # an equal snapshot was there: the offered row was freed
 
 
 @dataclass(frozen=True)
@@ -26,7 +36,7 @@ class MatchResult:
     resume_tokens: int
     device_tokens: int
     host_tokens: int
-    snapshot_tier: str | None
+    snapshot_tier: Tier | None
     history_tokens: int
     l3_hashes: tuple[bytes, ...]
 
@@ -51,16 +61,76 @@ class PublishResult:
 
     published_pages: int
     duplicates_freed: int
-    snapshot: str | None
+    snapshot: SnapshotOutcome | None
 
 
-def _counter() -> Any:
-    return field(default=0)
+@dataclass
+class LookupCounters:
+    """Counted by the facade at each :meth:`HiCache.load`: what requests were offered."""
+
+    matches: int = 0
+    match_tokens: int = 0
+    hit_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    l3_hit_tokens: int = 0
+    loads: int = 0
+    load_fallbacks: int = 0
+
+
+@dataclass
+class ResidencyCounters:
+    """Counted by :class:`~hicache.cache.residency.Residency`: copies between tiers, eviction."""
+
+    load_failures: int = 0
+    loaded_pages: int = 0
+    backups: int = 0
+    backup_failures: int = 0
+    backup_skipped_no_room: int = 0
+    backed_up_pages: int = 0
+    device_evicted_pages: int = 0
+    device_demoted_pages: int = 0
+    host_evicted_pages: int = 0
+    host_released_pages: int = 0
+    snapshots_evicted_device: int = 0
+    snapshots_evicted_host: int = 0
+    snapshots_backed_up: int = 0
+    snapshots_loaded: int = 0
+    snapshots_released_host: int = 0
+
+
+@dataclass
+class PublishCounters:
+    """Counted by :class:`~hicache.cache.publisher.Publisher`: pages and snapshots offered."""
+
+    published_pages: int = 0
+    duplicate_pages: int = 0
+    snapshots_offered: int = 0
+    snapshots_kept: int = 0
+    snapshots_provisional: int = 0
+    snapshots_duplicate: int = 0
+    snapshots_dropped_retention: int = 0
+    snapshots_dropped_no_room: int = 0
+
+
+@dataclass
+class L3Counters:
+    """Counted by :class:`~hicache.cache.l3tier.L3Tier`: prefetched pages and L3 puts."""
+
+    l3_prefetched_pages: int = 0
+    l3_put_objects: int = 0
+    l3_put_dropped: int = 0
+    l3_put_retries: int = 0
+    l3_put_abandoned: int = 0
 
 
 @dataclass
 class CacheStats:
-    """Counters of one cache; ``HiCache.stats()`` returns a copy as a dict."""
+    """All counters of one cache, gathered from the parts that count them.
+
+    ``HiCache.counters`` builds one on each access (a copy: writing to it changes
+    nothing); ``HiCache.stats()`` returns it as a dict with tier occupancy added.
+    """
 
     matches: int = 0
     match_tokens: int = 0
@@ -101,3 +171,12 @@ class CacheStats:
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def gather(cls, *parts: object) -> "CacheStats":
+        """One view of the counters each part keeps (their fields are disjoint)."""
+        values: dict[str, int] = {}
+        for part in parts:
+            for f in fields(part):  # type: ignore[arg-type]
+                values[f.name] = getattr(part, f.name)
+        return cls(**values)

@@ -83,7 +83,7 @@ def serve(cache, prompt: np.ndarray, full: np.ndarray, clock: Callable[[], float
         raise ConfigError("--capacity-tokens", cache.pools.device.capacity("page") * cache.page_tokens,
                           f"too small for a request of {len(full)} tokens")
     sid = None
-    if cache.has_state and n > lease.published_pages:
+    if cache.layout.has_state and n > lease.published_pages:
         snap = cache.alloc_snapshot(lease)
         sid = int(snap.ids[0]) if snap.ok else None
     cache.publish(lease, full, n, snapshot_id=sid, why=Boundary.FINISH)
@@ -238,7 +238,7 @@ def run_scale(points: tuple[int, ...] = SCALE_POINTS, page_tokens: int = 16, ops
     out = []
     for k, cache in enumerate(caches):
         out.append({"cached_pages": cache.pools.device.num_used("page"),
-                    "tree_nodes": sum(1 for _ in cache.tree.nodes()),
+                    "tree_nodes": cache.num_nodes,
                     "us_per_op": round(min(samples[k]), 1),
                     "us_per_op_median": round(float(np.median(samples[k])), 1),
                     "us_per_op_rounds": [round(x, 1) for x in samples[k]]})

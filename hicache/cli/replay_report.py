@@ -37,7 +37,7 @@ def _ttft(records, layout, cfg, stats) -> dict:
 
 def build_summary(cache, report, requests, layout, ecfg) -> dict:
     s = cache.stats()
-    t = cache.ctl.stats()
+    t = cache.transfer_stats()
     l3 = cache.l3_stats()
     recs = report.records
     prompt = sum(r.prompt_tokens for r in recs)

@@ -136,10 +136,10 @@ def publish(cache, lease, tokens, done_tokens: int, hashes: Sequence[bytes], why
     """Publish every whole computed page with a snapshot for that boundary (if there is
     room for one). A real engine captures the state as its chunk passes the boundary."""
     pages = done_tokens // cache.page_tokens
-    sid = None
+    snap = None
     if pages and cache.layout.object_bytes("state"):
         alloc = cache.alloc_snapshot(lease)
         if alloc.ok:
-            sid = int(alloc.ids[0])
-            fill(cache.pools.device, "state", [sid], [snapshot_seed(hashes[pages - 1])])
-    cache.publish(lease, tokens[:done_tokens], pages, snapshot_id=sid, why=why)
+            snap = alloc
+            fill(cache.pools.device, "state", [int(alloc.ids[0])], [snapshot_seed(hashes[pages - 1])])
+    cache.publish(lease, tokens[:done_tokens], pages, snapshot=snap, why=why)

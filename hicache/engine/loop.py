@@ -26,7 +26,6 @@ import numpy as np
 from hicache.cache import Boundary, HiCache, Lease
 from hicache.engine import contents
 from hicache.errors import ConfigError
-from hicache.tree import ROOT_HASH, chain_hashes
 
 
 ADMISSION_POLICIES = ("reserve", "greedy")
@@ -130,7 +129,7 @@ class ReferenceEngine:
     def _admit(self, req) -> _Running | None:
         prompt = np.asarray(req.prompt, np.int32)
         tokens = np.concatenate([prompt, np.asarray(req.output, np.int32)])
-        hashes = chain_hashes(self.cache.tree.hash_seed, ROOT_HASH, tokens, self.P)
+        hashes = self.cache.page_hashes(tokens)
         rec = self._records.get(req.request_id)
         first = rec is None
         if first:

@@ -23,7 +23,6 @@ import numpy as np
 from hicache.cache import Boundary, HiCache, Lease
 from hicache.engine import contents
 from hicache.errors import TransferError
-from hicache.tree import ROOT_HASH, chain_hashes
 
 
 @dataclass(frozen=True)
@@ -96,13 +95,13 @@ class StressRunner:
                     self.report.injected_faults += 1
                     raise TransferError("injected by hicache stress")
 
-            cache.ctl.set_fault_injector(inject)
+            cache.set_fault_injector(inject)
 
     def _random_tokens(self, n: int) -> np.ndarray:
         return self.rng.integers(0, self.cfg.vocab, size=n, dtype=np.int32)
 
     def _hashes(self, tokens: np.ndarray) -> list[bytes]:
-        return chain_hashes(self.cache.tree.hash_seed, ROOT_HASH, tokens, self.P)
+        return self.cache.page_hashes(tokens)
 
     # -- one request's steps ------------------------------------------------------------
     def _start(self) -> None:
@@ -194,7 +193,7 @@ class StressRunner:
                 self.progress(i + 1, self.cfg.ops)
         for req in list(self.running):
             self._abort(req)
-        self.cache.ctl.set_fault_injector(None)
+        self.cache.set_fault_injector(None)
         self.cache.drain()
         try:
             self.cache.check_integrity()

@@ -6,6 +6,7 @@ Interface of the layer (everything else in the package is internal):
 * :class:`TieredPools` (built by :func:`build_pools`): a device :class:`TierPools` and a host
   :class:`TierPools`, each with a page anchor, a state anchor and one sidecar per family.
 * :class:`Allocation` / :class:`NoRoom`: the typed result of ``alloc``.
+* :class:`Tier` / :class:`Source`: the typed names of tiers and anchors.
 
 Imports only :mod:`hicache.layout`.
 """
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from hicache.layout import CacheLayout
 from hicache.pools.anchor import AllocResult, Allocation, IndexAllocator, NoRoom, as_id_array
 from hicache.pools.config import PoolConfig, PoolPlan, plan_pools, resolve_device
-from hicache.pools.tier import HOST_LAYOUTS, SOURCES, ObjectSlot, SidecarPool, TierPools, object_slots
+from hicache.pools.tier import HOST_LAYOUTS, SOURCES, ObjectSlot, SidecarPool, Source, Tier, TierPools, object_slots
 
 
 @dataclass
@@ -28,6 +29,10 @@ class TieredPools:
     plan: PoolPlan
     device: TierPools
     host: TierPools
+
+    def tier(self, tier: Tier | str) -> TierPools:
+        """The pools of one tier (``Tier.DEVICE`` or ``Tier.HOST``)."""
+        return self.device if Tier(tier) is Tier.DEVICE else self.host
 
     def check_integrity(self) -> None:
         self.device.check_integrity()
@@ -52,6 +57,6 @@ def build_pools(layout: CacheLayout, cfg: PoolConfig, *, plan: PoolPlan | None =
 __all__ = [
     "AllocResult", "Allocation", "IndexAllocator", "NoRoom", "as_id_array",
     "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
-    "HOST_LAYOUTS", "SOURCES", "ObjectSlot", "SidecarPool", "TierPools", "object_slots",
+    "HOST_LAYOUTS", "SOURCES", "ObjectSlot", "SidecarPool", "Source", "Tier", "TierPools", "object_slots",
     "TieredPools", "build_pools",
 ]

@@ -18,6 +18,7 @@ A family's logical view of a page_first buffer is a strided view into it.
 
 from __future__ import annotations
 
+from enum import Enum
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,7 +31,21 @@ from hicache.pools.anchor import AllocResult, IndexAllocator, NoRoom, as_id_arra
 
 HostLayout = Literal["layer_first", "page_first"]
 HOST_LAYOUTS = ("layer_first", "page_first")
-SOURCES = ("page", "state")
+class Tier(str, Enum):
+    """Which pool tier: the device (L1) or the host (L2). Compares equal to its value."""
+
+    DEVICE = "device"
+    HOST = "host"
+
+
+class Source(str, Enum):
+    """Which anchor an id comes from: a history page or a state snapshot."""
+
+    PAGE = "page"
+    STATE = "state"
+
+
+SOURCES = (Source.PAGE.value, Source.STATE.value)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ Imports only :mod:`hicache.pools` (and :mod:`hicache.layout` through it).
 See docs/transfer.md.
 """
 
-from hicache.transfer.batch import FaultPoint
+from hicache.transfer.batch import Direction, FaultPoint
 from hicache.transfer.config import BACKENDS, TransferConfig
 from hicache.transfer.controller import TransferController
 from hicache.transfer.handles import Ack, CopyHandle, LoadHandle, QueueFull, StepReport
@@ -25,7 +25,7 @@ from hicache.transfer.plan import CopyPlan, RowCopy, make_row_copy
 
 __all__ = [
     "TransferController", "TransferConfig", "BACKENDS",
-    "Ack", "CopyHandle", "LoadHandle", "QueueFull", "StepReport", "FaultPoint",
+    "Ack", "CopyHandle", "LoadHandle", "QueueFull", "StepReport", "FaultPoint", "Direction",
     "copy_rows", "copy_batch", "resolve_backend", "native_status",
     "CopyPlan", "RowCopy", "make_row_copy",
 ]

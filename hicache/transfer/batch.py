@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from enum import Enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,14 @@ import numpy as np
 
 from hicache.transfer.plan import CopyPlan, Segment
 
-DIRECTIONS = ("d2h", "h2d")
+class Direction(str, Enum):
+    """Which way a copy goes: device to host (a backup) or host to device (a load)."""
+
+    D2H = "d2h"
+    H2D = "h2d"
+
+
+DIRECTIONS = (Direction.D2H.value, Direction.H2D.value)
 OTHER = {"d2h": "h2d", "h2d": "d2h"}
 
 

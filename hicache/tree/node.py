@@ -30,7 +30,7 @@ so equal hashes mean equal prefixes, and every process computes the same value (
 from __future__ import annotations
 
 import hashlib
-from typing import Iterator
+from typing import Iterator, Protocol
 
 import numpy as np
 
@@ -70,6 +70,20 @@ def chain_hashes(seed: bytes, parent: bytes, tokens: np.ndarray | bytes, page_to
     return out
 
 
+class LoadTicket(Protocol):
+    """What the tree holds of an in-flight H2D copy (a transfer ``LoadHandle``): leases
+    wait on it and read its outcome; the tree only asks whether one is set."""
+
+    @property
+    def status(self) -> str: ...
+
+    def done(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    def wait_layer(self, layer_id: int, timeout: float | None = None) -> bool: ...
+
+
 class Snapshot:
     """A state snapshot for the boundary at the end of a node, per tier.
 
@@ -81,7 +95,7 @@ class Snapshot:
     """
 
     __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
-                 "loading", "last_access", "_node", "_counted")
+                 "loading", "load_ticket", "last_access", "_node", "_counted")
 
     def __init__(self, device_id: int | None = None, host_id: int | None = None, lock: int = 0,
                  provisional_owner: int | None = None, backup_pending: bool = False, put_pending: bool = False,
@@ -95,12 +109,13 @@ class Snapshot:
         _set(self, "backup_pending", backup_pending)
         _set(self, "put_pending", put_pending)
         _set(self, "loading", loading)
+        _set(self, "load_ticket", None)  # the H2D copy filling the device copy, once submitted
         _set(self, "last_access", last_access)
 
     def __setattr__(self, name: str, value: object) -> None:
         _set(self, name, value)
         node = self._node
-        if node is not None and name != "provisional_owner":
+        if node is not None and name != "provisional_owner" and name != "load_ticket":
             watch = node._watch
             if watch is not None:
                 watch.snapshot_changed(node, self, name)
@@ -120,6 +135,7 @@ class Snapshot:
 
 # Node fields whose writes can change eviction eligibility or order.
 _WATCHED = frozenset({"device_ids", "host_ids", "lock_device", "lock_host", "backup_pending", "load_ticket",
+                      "l3_put", "pins",
                       "last_access", "hit_count", "snapshot"})
 
 
@@ -127,27 +143,29 @@ class TreeNode:
     """One radix-tree node: a run of pages with their residency and bookkeeping."""
 
     __slots__ = ("token_bytes", "hashes", "parent", "device_ids", "host_ids", "children", "lock_device",
-                 "lock_host", "backup_pending", "load_ticket", "l3_put", "l3_stored", "from_l3", "last_access",
+                 "lock_host", "backup_pending", "load_ticket", "l3_put", "pins", "l3_stored", "from_l3", "last_access",
                  "hit_count", "snapshot", "node_id", "depth", "num_pages", "_watch", "_device_children", "_counted")
 
     # lock_device: running requests whose prefix covers this node
-    # lock_host: in-flight loads (and L3 puts) reading the host copy
+    # lock_host: in-flight loads reading the host copy (written by the cache's loads only)
     # backup_pending: in-flight D2H copies reading the device copy
     # load_ticket: the in-flight H2D copy filling the device copy
-    # l3_put: the in-flight L3 put reading the host copy
+    # l3_put: the in-flight L3 put reading the host copy (written by the cache's L3 tier only)
+    # pins: open prefetches that will hang pages below this node's end: it stays in the tree
+    #       (no host eviction, no subtree removal), though its device copy may be demoted
     # l3_stored: the host copy was written to L3 (or came from it)
     # from_l3: host copy fetched from L3 and not loaded since
     # depth: pages from the root to the node's end; num_pages: pages it holds (len(hashes))
 
     def __init__(self, token_bytes: bytes, hashes: list[bytes], parent: "TreeNode | None", *,
                  device_ids: np.ndarray | None = None, host_ids: np.ndarray | None = None, lock_device: int = 0,
-                 lock_host: int = 0, backup_pending: int = 0, load_ticket: object | None = None,
-                 l3_put: object | None = None, l3_stored: bool = False, from_l3: bool = False,
+                 lock_host: int = 0, backup_pending: int = 0, load_ticket: LoadTicket | None = None,
+                 l3_put: object | None = None, pins: int = 0, l3_stored: bool = False, from_l3: bool = False,
                  last_access: float = 0.0, hit_count: int = 0, node_id: int = 0, depth: int = 0):
         for name, value in (("_watch", None), ("_counted", UNCOUNTED), ("token_bytes", token_bytes), ("hashes", hashes), ("parent", parent),
                             ("device_ids", device_ids), ("host_ids", host_ids), ("children", {}),
                             ("lock_device", lock_device), ("lock_host", lock_host),
-                            ("backup_pending", backup_pending), ("load_ticket", load_ticket), ("l3_put", l3_put),
+                            ("backup_pending", backup_pending), ("load_ticket", load_ticket), ("l3_put", l3_put), ("pins", pins),
                             ("l3_stored", l3_stored), ("from_l3", from_l3), ("last_access", last_access),
                             ("hit_count", hit_count), ("snapshot", None), ("node_id", node_id), ("depth", depth),
                             ("num_pages", len(hashes)), ("_device_children", 0)):
@@ -195,6 +213,12 @@ class TreeNode:
     @property
     def is_shadow(self) -> bool:
         return self.device_ids is None and self.host_ids is not None
+
+    @property
+    def host_held(self) -> bool:
+        """Something needs the host copy (or the node) to stay: a load or an L3 put reading
+        the host rows, or an open prefetch extending the node."""
+        return bool(self.lock_host or self.l3_put is not None or self.pins)
 
     @property
     def busy(self) -> bool:

@@ -179,7 +179,7 @@ class EvictionOrder:
     def host_eligible(n: "TreeNode") -> bool:
         snap = n.snapshot
         return (n.device_ids is None and n.host_ids is not None and n.parent is not None and not n.children
-                and n.lock_host == 0 and n.lock_device == 0 and n.load_ticket is None
+                and not n.host_held and n.lock_device == 0 and n.load_ticket is None
                 and (snap is None or not (snap.lock or snap.backup_pending or snap.put_pending or snap.loading)))
 
     @staticmethod
@@ -211,7 +211,7 @@ class EvictionOrder:
             host = False
         else:
             dev = False
-            host = (not busy and n.host_ids is not None and not n.children and n.lock_host == 0
+            host = (not busy and n.host_ids is not None and not n.children and not n.host_held
                     and n.lock_device == 0 and n.parent is not None and (snap is None or not snap.lock))
         if dev or host:
             key = self.node_key(n)

@@ -69,6 +69,7 @@ class RadixTree:
     root: TreeNode = field(init=False)
     clock: int = field(default=0, init=False)
     _next_id: int = field(default=1, init=False)
+    num_nodes: int = field(default=0, init=False)   # nodes in the tree (the root not counted)
     _shape: int = field(default=0, init=False)   # bumped by every split, add and removal
     _last_walk: tuple | None = field(default=None, init=False, repr=False)
     _watch: TreeWatch = field(init=False, repr=False)
@@ -195,6 +196,7 @@ class RadixTree:
         # pages they count in the evictable totals move.
         self._watch.node_changed(node)
         self._watch.node_changed(upper)
+        self.num_nodes += 1
         return upper
 
     def add_child(self, parent: TreeNode, tokens: np.ndarray | bytes, *, device_ids: np.ndarray | None,
@@ -215,6 +217,7 @@ class RadixTree:
             _set(parent, "_device_children", parent._device_children + 1)
         self._watch.node_changed(parent)
         self._watch.node_changed(node)
+        self.num_nodes += 1
         return node
 
     def remove(self, node: TreeNode) -> None:
@@ -222,11 +225,12 @@ class RadixTree:
         assert not node.children, f"remove of {node} with children"
         assert node.device_ids is None and node.host_ids is None, f"remove of {node} with pages"
         assert node.snapshot is None or node.snapshot.empty, f"remove of {node} with a snapshot"
-        assert node.lock_device == 0 and node.lock_host == 0, f"remove of locked {node}"
+        assert node.lock_device == 0 and not node.host_held, f"remove of locked {node}"
         parent = node.parent
         assert parent is not None
         del parent.children[node.first_page_key(self.page_tokens)]
         self._shape += 1
+        self.num_nodes -= 1
         self._watch.node_removed(node)
         _set(node, "_watch", None)
         _set(node, "parent", None)
@@ -249,7 +253,7 @@ class RadixTree:
         order.reverse()  # children first
         dev, host, dsnap, hsnap, snaps = [], [], [], [], []
         for n in order:
-            assert n.lock_device == 0 and n.lock_host == 0, f"removing locked {n}"
+            assert n.lock_device == 0 and not n.host_held, f"removing locked {n}"
             if n.device_ids is not None:
                 dev.append(n.device_ids)
                 n.device_ids = None
@@ -276,7 +280,7 @@ class RadixTree:
         stack = [node]
         while stack:
             n = stack.pop()
-            if n.lock_host or n.lock_device or n.busy or (busy is not None and busy(n)):
+            if n.host_held or n.lock_device or n.busy or (busy is not None and busy(n)):
                 return True
             stack.extend(n.children.values())
         return False
@@ -305,6 +309,14 @@ class RadixTree:
             elif not new:
                 changed(n)
             n = n.parent
+
+    def pin(self, node: TreeNode, delta: int = 1) -> None:
+        """Keep ``node`` in the tree (``delta=-1``: let it go): an open prefetch will hang
+        pages below its end. A pinned node is never removed (host eviction, subtree
+        removal); its device copy may still be demoted. The root needs no pin."""
+        if node.parent is not None:
+            node.pins += delta
+            assert node.pins >= 0, f"unpin below zero on {node}"
 
     def move_lock(self, old: TreeNode, new: TreeNode) -> None:
         """Move one lock from ``old``'s path to ``new``'s: ``lock(new)`` then ``lock(old, -1)``,
@@ -376,6 +388,7 @@ class RadixTree:
     def check_integrity(self) -> None:
         P = self.page_tokens
         nodes = list(self.nodes())
+        assert len(nodes) == self.num_nodes, f"{len(nodes)} nodes in the tree, {self.num_nodes} counted"
         for node in nodes:
             parent = node.parent
             assert parent is not None and parent.children.get(node.first_page_key(P)) is node, \
@@ -394,7 +407,7 @@ class RadixTree:
                 f"{node}: device child count is off"
             assert node.lock_device >= sum(c.lock_device for c in node.children.values()), \
                 f"{node}: fewer locks than its children"
-            assert node.lock_host >= 0 and node.backup_pending >= 0, f"{node}: negative counter"
+            assert node.lock_host >= 0 and node.backup_pending >= 0 and node.pins >= 0, f"{node}: negative counter"
             if node.snapshot is not None:
                 assert node.snapshot.lock >= 0, f"{node}: negative snapshot lock"
                 assert node.snapshot._node is node, f"{node}: its snapshot points elsewhere"

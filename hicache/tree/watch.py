@@ -61,7 +61,7 @@ class TreeWatch:
             now = _NONE
         elif n.device_ids is not None:
             now = (n.num_pages, 0)
-        elif n.host_ids is not None and not n.lock_host:
+        elif n.host_ids is not None and not n.host_held:
             now = (0, n.num_pages)
         else:
             now = _NONE
@@ -137,7 +137,7 @@ class TreeWatch:
             if not n.lock_device:
                 if n.device_ids is not None:
                     pages["device"] += n.num_pages
-                elif n.host_ids is not None and not n.lock_host:
+                elif n.host_ids is not None and not n.host_held:
                     pages["host"] += n.num_pages
             s = n.snapshot
             if s is not None and not s.lock and not s.empty:

@@ -57,7 +57,7 @@ class Engine:
         self.verified = 0
 
     def hashes(self, tokens):
-        return chain_hashes(self.cache.tree.hash_seed, ROOT_HASH, tokens, P)
+        return self.cache.page_hashes(tokens)
 
     def start(self, tokens):
         m = self.cache.match(tokens)

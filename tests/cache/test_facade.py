@@ -13,7 +13,7 @@ from tests.cache.conftest import P, Engine, make_cache, mha_layout, toks
 
 def node_of(cache, tokens):
     """The node whose end is the last whole page of ``tokens``."""
-    path = cache.tree.walk(np.asarray(tokens, np.int32), len(tokens) // P)
+    path = cache._tree.walk(np.asarray(tokens, np.int32), len(tokens) // P)
     node, used = path.segments[-1]
     assert used == node.num_pages, "tokens end inside a node"
     return node
@@ -175,7 +175,7 @@ def test_retention(retention, kept, provisional, dropped, boundaries):
     c = eng.cache.counters
     assert (c.snapshots_offered, c.snapshots_kept, c.snapshots_provisional,
             c.snapshots_dropped_retention) == (6, kept, provisional, dropped)
-    have = sorted(eng.cache.tree.depth_pages(n) for n, _ in eng.cache.tree.snapshots())
+    have = sorted(eng.cache._tree.depth_pages(n) for n, _ in eng.cache._tree.snapshots())
     assert have == boundaries
     eng.cache.check_integrity()
 
@@ -276,7 +276,7 @@ def test_a_tail_without_a_snapshot_is_evicted_before_older_live_prefixes():
     _, lease = eng.start(toks(5, 6, extra=1))
     eng.compute(lease, toks(5, 6, extra=1), 2)      # needs 2 pages: B goes, not the older A
     assert eng.cache.match(a).resume_tokens == 8
-    assert eng.cache.tree.walk(b, 2).num_pages == 0
+    assert eng.cache._tree.walk(b, 2).num_pages == 0
     eng.cache.release(lease)
     eng.cache.check_integrity()
 
@@ -288,7 +288,7 @@ def test_without_state_eviction_is_plain_lru():
     eng.run(b)
     _, lease = eng.start(toks(5, 6, extra=1))
     eng.compute(lease, toks(5, 6, extra=1), 2)      # the least recently used prefix goes: A
-    assert eng.cache.tree.walk(a, 2).num_pages == 0 and eng.cache.match(b).resume_tokens == 8
+    assert eng.cache._tree.walk(a, 2).num_pages == 0 and eng.cache.match(b).resume_tokens == 8
     eng.cache.release(lease)
     eng.cache.check_integrity()
 

@@ -62,8 +62,8 @@ def test_pages_without_their_snapshot_are_not_used():
     eng.run(a, chunk_pages=3)
     eng.cache.drain()
     # Remove the snapshot object from L3: the pages alone cannot resume a hybrid model.
-    node = eng.cache.tree.walk(a, 3).segments[-1][0]
-    assert eng.cache.store.delete([node.hashes[-1]], "state") == 1
+    node = eng.cache._tree.walk(a, 3).segments[-1][0]
+    assert eng.cache._l3.store.delete([node.hashes[-1]], "state") == 1
     evict_everything(eng)
     m = eng.cache.match(a)
     assert eng.cache.finish_prefetch(eng.cache.prefetch(m)) == 0

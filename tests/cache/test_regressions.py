@@ -23,7 +23,7 @@ class Faults:
 def faulty_cache(**kw):
     faults = Faults()
     cache = make_cache(**kw)
-    cache.ctl._exec.fault_injector = faults
+    cache.set_fault_injector(faults)
     return cache, faults
 
 
@@ -50,7 +50,7 @@ def test_failed_load_of_a_chain_of_shadows_is_rolled_back():
     cache.release(lease)
     cache.check_integrity()
     assert cache.counters.load_failures == 1
-    assert all(n.is_shadow for n in cache.tree.nodes())   # back to host-only, still usable
+    assert all(n.is_shadow for n in cache._tree.nodes())   # back to host-only, still usable
     _, lease = eng.start(a)                                 # a retry loads and verifies
     assert lease.resume_tokens == 12
     cache.release(lease)
@@ -65,7 +65,7 @@ def test_no_load_below_a_node_that_is_still_loading():
     eng.run(toks(1, 2, extra=1), chunk_pages=1)
     demote_all(eng, 8)
     l1 = cache.load(cache.match(toks(1, extra=1)), start=False)
-    faults.only = [t for t in cache._inflight.values() if isinstance(t, Load)]
+    faults.only = [t for t in cache._copies.tags() if isinstance(t, Load)]
     faults.on = True
     cache.step()
     l2 = cache.load(cache.match(toks(1, 2, extra=1)))   # would load [2] below the loading [1]
@@ -116,7 +116,7 @@ def test_a_split_during_a_backup_still_puts_both_halves_to_l3():
     eng.cache.release(lb)
     eng.cache.drain()
     eng.cache.check_integrity()
-    assert all(eng.cache.store.exists(eng.hashes(a)[:3], "page"))
+    assert all(eng.cache._l3.store.exists(eng.hashes(a)[:3], "page"))
     eng.cache.close()
 
 
@@ -140,7 +140,7 @@ def test_cancelled_prefetches_return_their_memory_budget():
         pf = eng.cache.prefetch(eng.cache.match(t))
         pf.op.wait_planned(2)
         eng.cache.cancel_prefetch(pf)
-    assert eng.cache.prefetcher.held_bytes == 0
+    assert eng.cache._l3.prefetcher.held_bytes == 0
     assert eng.cache.finish_prefetch(eng.cache.prefetch(eng.cache.match(t))) == 12
     eng.cache.check_integrity()
     eng.cache.close()
@@ -192,7 +192,7 @@ def test_exclusive_eviction_keeps_the_backup_it_just_made_under_backpressure():
 
 
 def test_exclusive_snapshot_loaded_during_its_l3_put_leaves_the_host_when_the_put_ends(monkeypatch):
-    import hicache.cache.l3 as l3mod
+    import hicache.cache.l3tier as l3mod
     from tests.storage.gated import GatedBackend
 
     made = {}
@@ -215,7 +215,7 @@ def test_exclusive_snapshot_loaded_during_its_l3_put_leaves_the_host_when_the_pu
     cache.poll()
     _, la = eng.start(toks(1, 2, extra=1))          # resumes from it: loaded while its put is held
     cache.poll()
-    snap = next(n for n in cache.tree.nodes() if n.hashes == eng.hashes(a)).snapshot
+    snap = next(n for n in cache._tree.nodes() if n.hashes == eng.hashes(a)).snapshot
     assert snap.device_id is not None and snap.host_id is not None and snap.put_pending
     cache.release(la)
     made["b"].gate.set()

@@ -28,7 +28,7 @@ class PageLoadFaults:
 def faulty(**kw):
     faults = PageLoadFaults()
     cache = make_cache(**kw)
-    cache.ctl.set_fault_injector(faults)
+    cache.set_fault_injector(faults)
     return cache, faults
 
 
@@ -122,7 +122,7 @@ def test_wait_from_another_thread_never_steps_the_controller():
     t.start()
     t.join()
     assert isinstance(seen[0], MisuseError) and "cache.step()" in str(seen[0])
-    assert cache.ctl.stats()["pending_ops"] > 0          # it did not launch them either
+    assert cache.transfer_stats()["pending_ops"] > 0          # it did not launch them either
     cache.step()                                         # the engine thread launches
     threads = [threading.Thread(target=forward, args=(layer,)) for layer in (0, 1, 2)]
     for t in threads:
@@ -166,7 +166,7 @@ def test_wrapped_ids_cannot_reuse_another_prompts_pages():
 
 # -- 6. an impossible allocation evicts nothing -----------------------------------------
 def cached_pages(cache):
-    return sorted((n.node_id, n.on_device, n.on_host) for n in cache.tree.nodes())
+    return sorted((n.node_id, n.on_device, n.on_host) for n in cache._tree.nodes())
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
@@ -210,7 +210,7 @@ def test_an_allocation_blocked_by_pinned_pages_evicts_nothing():
 # -- 8. exclusive tier: a page loaded back during its L3 put leaves the host after it ----
 @pytest.fixture
 def gated_l3(monkeypatch):
-    import hicache.cache.l3 as l3mod
+    import hicache.cache.l3tier as l3mod
     from tests.storage.gated import GatedBackend
 
     made = {}
@@ -235,7 +235,7 @@ def test_exclusive_page_loaded_during_its_l3_put_leaves_the_host_when_the_put_en
     _, lb = eng.start(b)
     eng.publish(lb, b, 2)                           # write_back: a's pages go to the host
     cache.release(lb)
-    node = next(n for n in cache.tree.nodes() if n.hashes == eng.hashes(a)[:2])
+    node = next(n for n in cache._tree.nodes() if n.hashes == eng.hashes(a)[:2])
     assert node.is_shadow and node.l3_put is not None
     _, la = eng.start(a)                            # loaded back while the put reads them
     cache.poll()
@@ -256,7 +256,7 @@ def test_an_orphaned_provisional_snapshot_is_dropped_at_its_last_unlock():
     a = toks(1, 2, 3, extra=1)
     _, la = eng.start(a)
     assert eng.publish(la, a, 1).snapshot == "provisional"
-    node = next(iter(cache.tree.nodes()))
+    node = next(iter(cache._tree.nodes()))
     snap = node.snapshot
     _, lb = eng.start(toks(1, extra=1))               # a sibling resumes from it
     assert lb.resume_tokens == 4 and lb.snapshot_id == snap.device_id
@@ -278,7 +278,7 @@ def test_an_orphan_offered_again_by_a_sibling_changes_owner():
     a = toks(1, 2, 3, extra=1)
     _, la = eng.start(a)
     eng.publish(la, a, 1)
-    snap = next(iter(cache.tree.nodes())).snapshot
+    snap = next(iter(cache._tree.nodes())).snapshot
     b = toks(1, 7, extra=1)
     _, lb = eng.start(b)
     eng.publish(la, a, 2)                              # orphaned: lb resumed from it
@@ -287,7 +287,7 @@ def test_an_orphan_offered_again_by_a_sibling_changes_owner():
     eng.publish(lb, b, 2)                              # lb moves on: it goes, counted
     cache.check_integrity()
     cache.release(lb)
-    assert all(n.snapshot is not snap for n in cache.tree.nodes())
+    assert all(n.snapshot is not snap for n in cache._tree.nodes())
     cache.release(la)
     cache.check_integrity()
     cache.close()
@@ -299,14 +299,14 @@ def test_an_orphan_promoted_by_a_keeper_is_kept():
     a = toks(1, 2, 3, extra=1)
     _, la = eng.start(a)
     eng.publish(la, a, 1)
-    snap = next(iter(cache.tree.nodes())).snapshot
+    snap = next(iter(cache._tree.nodes())).snapshot
     _, lb = eng.start(toks(1, extra=1))
     eng.publish(la, a, 2)                              # orphaned
     from hicache.cache import Boundary
     eng.publish(lb, toks(1, extra=1), 1, why=Boundary.PROMPT_END)   # a keeper promotes it
     cache.release(lb)
     cache.release(la)
-    assert any(n.snapshot is snap for n in cache.tree.nodes())
+    assert any(n.snapshot is snap for n in cache._tree.nodes())
     cache.check_integrity()
     cache.close()
 
@@ -321,7 +321,7 @@ def test_a_corrupt_l3_object_is_rewritten_by_the_next_writer():
 
     first = fresh()
     first.run(a)
-    store = first.cache.store
+    store = first.cache._l3.store
     key = store.key(first.hashes(a)[1], "page")
     buf = bytearray(1 << 16)
     n = store.backend.get_into([key], [buf])[0]
@@ -367,7 +367,7 @@ class FlakyPuts:
 
 @pytest.fixture
 def flaky_l3(monkeypatch):
-    import hicache.cache.l3 as l3mod
+    import hicache.cache.l3tier as l3mod
 
     real_open = l3mod.open_backend
     made = {}
@@ -391,12 +391,12 @@ def test_a_failed_l3_put_is_retried_once_the_store_is_back(flaky_l3):
     eng = Engine(make_cache(mha_layout(), storage=url, write_policy="write_through"))
     cache = eng.cache
     clock = Clock()
-    cache.store.breaker._clock = clock
+    cache._l3.store.breaker._clock = clock
     flaky_l3["b"].outage = True
     a, b = toks(1, 2, extra=1), toks(3, 4, 5, extra=1)
     eng.run(a)
     eng.run(b)                                         # every put fails: the breaker opens
-    assert cache.store.breaker.state == "open" and cache.counters.l3_put_objects == 0
+    assert cache._l3.store.breaker.state == "open" and cache.counters.l3_put_objects == 0
     for _ in range(3):
         cache.poll()                                   # open: nothing is retried
     assert cache.counters.l3_put_retries == 0
@@ -404,10 +404,10 @@ def test_a_failed_l3_put_is_retried_once_the_store_is_back(flaky_l3):
     clock.t += 60                                      # ... and the cooldown has passed
     for _ in range(10):
         cache.poll()
-        cache.store.flush(10)
-    assert cache.store.breaker.state == "closed"
+        cache._l3.store.flush(10)
+    assert cache._l3.store.breaker.state == "closed"
     assert cache.counters.l3_put_retries == 5 and cache.counters.l3_put_objects == 5
-    assert all(cache.store.exists(eng.hashes(a)[:2] + eng.hashes(b)[:3], "page"))
+    assert all(cache._l3.store.exists(eng.hashes(a)[:2] + eng.hashes(b)[:3], "page"))
     cache.check_integrity()
     cache.close()
 
@@ -415,13 +415,13 @@ def test_a_failed_l3_put_is_retried_once_the_store_is_back(flaky_l3):
 def test_a_put_the_store_keeps_refusing_is_abandoned(flaky_l3):
     eng = Engine(make_cache(mha_layout(), write_policy="write_through"))
     cache = eng.cache
-    cache.store.breaker.threshold = 1000               # refusals, not an outage: stays closed
+    cache._l3.store.breaker.threshold = 1000               # refusals, not an outage: stays closed
     eng.run(toks(1, extra=1))
     for _ in range(10):
         cache.poll()
-        cache.store.flush(10)
+        cache._l3.store.flush(10)
     assert cache.counters.l3_put_retries == 3 and cache.counters.l3_put_abandoned == 1
-    assert not cache._unstored
+    assert not cache._l3._unstored
     cache.check_integrity()
     cache.close()
 
@@ -433,7 +433,7 @@ def test_an_open_prefetch_pins_its_prefix_against_removal_not_against_demotion()
     cache = eng.cache
     a = toks(1, 2, extra=1)
     eng.run(a)                                              # [1,2] on device and host
-    node = next(iter(cache.tree.nodes()))
+    node = next(iter(cache._tree.nodes()))
     pf = cache.prefetch(cache.match(toks(1, 2, 3, extra=1)))   # extends [1,2] from L3
     assert pf is not None and node.lock_device == 0
     _, other = eng.start(toks(7, extra=1))
@@ -441,7 +441,7 @@ def test_an_open_prefetch_pins_its_prefix_against_removal_not_against_demotion()
     assert node.is_shadow                                   # the prefix was demoted, ...
     cache.publish(other, toks(7, 8, 9, 6, extra=1), 4)
     cache.drain()                                           # ... and the host fills up with [7..6]
-    assert node.parent is cache.tree.root and node.is_shadow   # but the pinned prefix stays
+    assert node.parent is cache._tree.root and node.is_shadow   # but the pinned prefix stays
     cache.check_integrity()
     cache.release(other)
     cache.finish_prefetch(pf)

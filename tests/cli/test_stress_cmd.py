@@ -24,7 +24,7 @@ def test_every_flag_reaches_the_cache():
             "write_back", "exclusive", "lfu", None)
         assert (cfg.pools.device_pages, cfg.pools.host_pages, cfg.pools.device_snapshots,
                 cfg.pools.host_snapshots) == (8, 12, 3, 5)
-        assert cache.ctl.cfg.max_queued_ops == 1
+        assert cache._copies._ctl.cfg.max_queued_ops == 1
         assert cache.stats()["device_states_total"] == 3 and cache.stats()["host_states_total"] == 5
     finally:
         cache.close()
@@ -33,7 +33,7 @@ def test_every_flag_reaches_the_cache():
     try:   # defaults: the config's policies, 8 / 16 snapshots for a layout with state, 4096 queued ops
         assert cache.config.tree.retention_interval == 32 and cache.config.tree.eviction == "lru"
         assert (cache.config.pools.device_snapshots, cache.config.pools.host_snapshots) == (8, 16)
-        assert cache.ctl.cfg.max_queued_ops == 4096
+        assert cache._copies._ctl.cfg.max_queued_ops == 4096
     finally:
         cache.close()
 

@@ -108,7 +108,7 @@ def test_cache_stats_and_prometheus_text_never_show_the_password(redis_server_fa
         exp.update()
         assert eng.cache.stats()["l3_put_objects"] > 0       # L3 was used, with the password
         for text in (exp.text(), repr(eng.cache.stats()), repr(eng.cache.l3_stats()),
-                     repr(eng.cache.store.stats(backend=True).to_dict()), repr(eng.cache.config)):
+                     repr(eng.cache._l3.store.stats(backend=True).to_dict()), repr(eng.cache.config)):
             assert SECRET not in text
     finally:
         eng.cache.close()

@@ -36,7 +36,7 @@ def test_retention_keeps_the_promised_snapshots_and_resumes_exactly(
     s = cache.stats()
     assert (s["snapshots_offered"], s["snapshots_kept"], s["snapshots_provisional"],
             s["snapshots_dropped_retention"]) == (4, kept, provisional, dropped)
-    held = sorted(cache.tree.depth_pages(node) * 16 for node, _ in cache.tree.snapshots())
+    held = sorted(cache._tree.depth_pages(node) * 16 for node, _ in cache._tree.snapshots())
     assert held == boundaries
 
     sibling = serve(cache, [request(1, SIBLING, toks(25, 10), conv="b")], chunk_pages=2)

@@ -79,7 +79,7 @@ def fail_host_loads(cache) -> None:
         if point.direction == "h2d":
             raise RuntimeError("injected h2d fault")
 
-    cache.ctl._exec.fault_injector = fail
+    cache.set_fault_injector(fail)
 
 
 def test_a_failed_host_load_recomputes_from_scratch_exactly():

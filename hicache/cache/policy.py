@@ -1,0 +1,72 @@
+"""Placement and eviction decisions: the one replaceable part of the cache.
+
+Every *decision* about where copies go and what goes first is asked of one object, a
+:class:`PlacementPolicy`; the cache's parts only carry the decisions out. Today's policy,
+:class:`ConfiguredPolicy`, is the write policy, host tier, eviction strategy and snapshot
+retention of the config::
+
+    question                                   write_through  ..._selective     write_back
+    back up pages a publish added?             all new nodes  -                 -
+    back up a kept snapshot at publish?        yes            -                 -
+    back up a hit's pages (and its snapshot)?  -              after N hits      -
+    back up a device victim with no host copy? -              -                 yes
+    host tier                                  inclusive | exclusive (write_back only)
+    victim order                               strategy (lru | lfu), dead tails first
+    keep an offered snapshot?                  retention (None | 0 | every N tokens)
+
+A value-aware policy (issue 14) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+from hicache.config import HiCacheConfig
+from hicache.tree import EvictionStrategy, RetentionPolicy, Snapshot, TreeNode, get_strategy
+
+
+class PlacementPolicy(Protocol):
+    """What a cache asks before it copies, keeps or evicts anything."""
+
+    strategy: EvictionStrategy     # victim order in every tier (pages and snapshots)
+    retention: RetentionPolicy     # which offered snapshots are kept
+    exclusive_host: bool           # a page loaded back to the device leaves the host
+    write_back: bool               # a device victim without a host copy is backed up first
+
+    def backup_on_publish(self, new_nodes: Sequence[TreeNode]) -> list[TreeNode]:
+        """Which nodes a publish just added (or gave device pages) to back up now."""
+        ...
+
+    def backup_snapshot_on_publish(self, node: TreeNode, snap: Snapshot) -> bool:
+        """Back up a snapshot a publish kept (not provisional)?"""
+        ...
+
+    def backup_on_hit(self, chain: Sequence[TreeNode], resume: Snapshot | None) -> tuple[list[TreeNode], bool]:
+        """A request borrows ``chain``: which of its nodes (and its resume snapshot?) to back up."""
+        ...
+
+
+class ConfiguredPolicy:
+    """The policy the config names: write policy, host tier, eviction, retention."""
+
+    def __init__(self, config: HiCacheConfig, page_tokens: int):
+        write = config.write
+        self.strategy: EvictionStrategy = get_strategy(config.tree.eviction)
+        self.retention = RetentionPolicy(config.tree.retention_interval, page_tokens)
+        self.exclusive_host = write.host_tier == "exclusive"
+        self.write_back = write.write_policy == "write_back"
+        self._through = write.write_policy == "write_through"
+        self._selective = write.write_policy == "write_through_selective"
+        self._threshold = write.write_through_threshold
+
+    def backup_on_publish(self, new_nodes: Sequence[TreeNode]) -> list[TreeNode]:
+        return list(new_nodes) if self._through else []
+
+    def backup_snapshot_on_publish(self, node: TreeNode, snap: Snapshot) -> bool:
+        return self._through
+
+    def backup_on_hit(self, chain: Sequence[TreeNode], resume: Snapshot | None) -> tuple[list[TreeNode], bool]:
+        if not self._selective or not chain:
+            return [], False
+        nodes = [n for n in chain if n.hit_count >= self._threshold]
+        return nodes, resume is not None and chain[-1].hit_count >= self._threshold
