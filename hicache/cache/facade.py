@@ -40,7 +40,7 @@ other; it routes what one part produces to the part that acts on it::
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -56,7 +56,7 @@ from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
 from hicache.pools import AllocResult, Source, Tier, TieredPools, build_pools
-from hicache.transfer import Ack, Direction, TransferConfig
+from hicache.transfer import Ack, Direction, LoadHandle, TransferConfig
 from hicache.transfer.executor import FaultInjector
 from hicache.tree import ROOT_HASH, Boundary, PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode, chain_hashes
 
@@ -91,7 +91,7 @@ class HiCache:
         self._closed = False
 
     @classmethod
-    def from_config(cls, path: str, **overrides: object) -> "HiCache":
+    def from_config(cls, path: str, **overrides: Any) -> "HiCache":
         """Build from a config YAML (``configs/*.yaml``); overrides as in ``load_config``."""
         layout, cfg = load_config(path, **overrides)
         return cls(layout, cfg)
@@ -166,10 +166,10 @@ class HiCache:
         lease._deps = list(dict.fromkeys(deps))
         self._count_hit(lease, loads)
         self._leases[lease.lease_id] = lease
-        nodes, snap = self._policy.backup_on_hit(chain, lease._resume_snapshot)
+        nodes, snap = self._policy.backup_on_hit(chain, r.snapshot)
         self._backup_pages(nodes)
-        if snap:
-            self._backup_snapshots([(chain[-1], lease._resume_snapshot)])
+        if snap and r.snapshot is not None:
+            self._backup_snapshots([(chain[-1], r.snapshot)])
         self._route_removed()
         if start:
             self._copies.step()
@@ -238,14 +238,19 @@ class HiCache:
     def _submit_loads(self, loads: list[Load]) -> None:
         for load in loads:
             if load.nodes:
-                src = np.concatenate([n.host_ids for n in load.nodes])
-                load.ticket = self._copies.submit(Direction.H2D, PAGE, src, load.page_dst, load)
+                assert load.page_dst is not None
+                src = np.concatenate([n.host_ids for n in load.nodes if n.host_ids is not None])
+                ticket = self._copies.submit(Direction.H2D, PAGE, src, load.page_dst, load)
+                assert isinstance(ticket, LoadHandle)
+                load.ticket = ticket
                 for n in load.nodes:
-                    n.load_ticket = load.ticket
+                    n.load_ticket = ticket
             else:
-                load.ticket = self._copies.submit(Direction.H2D, STATE, np.asarray([load.snap_src]),
-                                                  np.asarray([load.snap_dst]), load)
-                load.snap.load_ticket = load.ticket
+                assert load.snap is not None
+                ticket = self._copies.submit(Direction.H2D, STATE, np.asarray([load.snap_src]),
+                                             np.asarray([load.snap_dst]), load)
+                assert isinstance(ticket, LoadHandle)
+                load.ticket = load.snap.load_ticket = ticket
 
     def _count_hit(self, lease: Lease, loads: list[Load]) -> None:
         P = self.page_tokens
@@ -567,7 +572,7 @@ class HiCache:
     # -- stats and checks ---------------------------------------------------------------------
     def stats(self) -> dict:
         """Counters plus current occupancy of each tier (see docs/api.md for names)."""
-        out = self.counters.as_dict()
+        out: dict[str, Any] = dict(self.counters.as_dict())
         for tier in (DEVICE, HOST):
             pools = self.pools.tier(tier)
             for source in (PAGE, STATE):

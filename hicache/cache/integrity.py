@@ -25,7 +25,7 @@ from hicache.cache.lease import Lease
 from hicache.cache.publisher import Publisher
 from hicache.cache.residency import PageBackup, SnapshotBackup
 from hicache.pools import TieredPools
-from hicache.tree import RadixTree, TreeNode
+from hicache.tree import RadixTree, Snapshot, TreeNode
 
 
 def _expect(name: str, held: Counter, used: Iterable[int]) -> None:
@@ -48,7 +48,10 @@ def check_cache(pools: TieredPools, tree: RadixTree, leases: list[Lease], copies
 
 
 def _check_ids(pools: TieredPools, nodes: list[TreeNode], leases: list[Lease], copies: Copies, l3: L3Tier) -> None:
-    dev_pages, host_pages, dev_snaps, host_snaps = Counter(), Counter(), Counter(), Counter()
+    dev_pages: Counter[int] = Counter()
+    host_pages: Counter[int] = Counter()
+    dev_snaps: Counter[int] = Counter()
+    host_snaps: Counter[int] = Counter()
     for n in nodes:
         if n.device_ids is not None:
             dev_pages.update(int(i) for i in n.device_ids)
@@ -79,12 +82,15 @@ def _check_ids(pools: TieredPools, nodes: list[TreeNode], leases: list[Lease], c
 
 def _check_locks(tree: RadixTree, nodes: list[TreeNode], leases: list[Lease], copies: Copies, l3: L3Tier,
                  publisher: Publisher) -> None:
-    locks, host_locks, snap_locks, pins = Counter(), Counter(), Counter(), Counter()
+    locks: Counter[TreeNode] = Counter()
+    host_locks: Counter[TreeNode] = Counter()
+    pins: Counter[TreeNode] = Counter()
+    snap_locks: Counter[Snapshot] = Counter()
     for pf in l3.open_prefetches():  # an open prefetch keeps the prefix it extends in the tree
         if pf.pinned is not None and pf.pinned.parent is not None:
             pins[pf.pinned] += 1
     for n in pins:
-        assert n.parent.children.get(n.first_page_key(tree.page_tokens)) is n, f"{n}: a pinned node left the tree"
+        assert n.parent is not None and n.parent.children.get(n.first_page_key(tree.page_tokens)) is n, f"{n}: a pinned node left the tree"
     for lease in leases:
         holds = lease.holds()
         assert holds.locked_node is not None, f"lease {lease.lease_id} holds no lock"
@@ -95,7 +101,7 @@ def _check_locks(tree: RadixTree, nodes: list[TreeNode], leases: list[Lease], co
         assert lease.published_pages <= len(lease.page_table), f"lease {lease.lease_id}: page table short"
         chain = list(holds.locked_node.iter_ancestors())[::-1]
         if lease.ok and all(n.on_device for n in chain):
-            tree_ids = [int(i) for n in chain for i in n.device_ids]
+            tree_ids = [int(i) for n in chain if n.device_ids is not None for i in n.device_ids]
             assert lease.page_table[:len(tree_ids)] == tree_ids, \
                 f"lease {lease.lease_id}: page table is not its locked chain's device pages"
             assert set(lease.page_table[len(tree_ids):]) <= lease.owned, \
@@ -112,8 +118,9 @@ def _check_locks(tree: RadixTree, nodes: list[TreeNode], leases: list[Lease], co
         assert n.lock_device == locks[n], f"{n}: lock_device {n.lock_device} but {locks[n]} leases hold it"
         assert n.lock_host == host_locks[n], f"{n}: lock_host {n.lock_host} but {host_locks[n]} loads read it"
         assert n.pins == pins[n], f"{n}: pinned {n.pins} times but {pins[n]} open prefetches extend it"
-        s = n.snapshot
-        if s is not None:
+        snap = n.snapshot
+        if snap is not None:
+            s = snap
             assert s.lock == snap_locks[s], f"{n}: snapshot lock count is off"
             assert not s.empty, f"{n}: empty snapshot left attached"
             assert s.loading == (s.load_ticket is not None), f"{n}: Snapshot.loading disagrees with its ticket"

@@ -40,8 +40,8 @@ from hicache.cache.results import L3Counters
 from hicache.config import StorageConfig
 from hicache.layout import CacheLayout
 from hicache.pools import TierPools
-from hicache.storage import L3Store, Prefetcher, PrefetchConfig, open_backend
-from hicache.storage.prefetch import PrefetchPlan, PrefetchResult
+from hicache.storage import (L3Store, Prefetcher, PrefetchConfig, PrefetchPlan, PrefetchResult, PutTicket,
+                             open_backend)
 from hicache.tree import RadixTree, Snapshot, TreeNode
 
 NO_L3 = "none://"
@@ -77,6 +77,11 @@ class PutDone(NamedTuple):
     snap: Snapshot | None
 
 
+def _rows(rows: np.ndarray | None) -> np.ndarray:
+    assert rows is not None, "host rows expected"
+    return rows
+
+
 def _cut_to_landed(result: PrefetchResult, plan: PrefetchPlan | None, landed_pages: int) -> PrefetchResult:
     """``result`` limited to the first ``landed_pages`` pages (see ``finish_prefetch``)."""
     if plan is None or result.usable_pages <= landed_pages:
@@ -98,7 +103,7 @@ class L3Tier:
         self.counters = L3Counters()
         self._settling: list[Prefetch] = []       # fetched rows awaiting the worker's settle
         self._open: list[Prefetch] = []           # started, not finished: their prefix is pinned
-        self._puts: dict[Any, tuple[Any, _Put]] = {}   # ticket -> what it reads
+        self._puts: dict[PutTicket, _Put] = {}   # ticket -> what it reads
         self._unstored: dict[TreeNode, int] = {}  # host copies to put again -> retries spent
         self._unstored_snaps: dict[Snapshot, tuple[TreeNode, int]] = {}
         self.store: L3Store | None = None
@@ -190,7 +195,7 @@ class L3Tier:
 
     def _insert(self, pf: Prefetch, result: PrefetchResult) -> None:
         n = result.usable_pages
-        if n == 0:
+        if n == 0 or pf.page_rows is None:
             return
         P = self._tree.page_tokens
         upto = (pf.base_pages + n) * P
@@ -214,7 +219,8 @@ class L3Tier:
             if not pf.op.settled:
                 keep.append(pf)
                 continue
-            pages.append(pf.page_rows)
+            if pf.page_rows is not None:
+                pages.append(pf.page_rows)
             if pf.state_row is not None:
                 states.append(pf.state_row)
             pf.page_rows, pf.state_row = np.zeros(0, np.int64), None
@@ -230,7 +236,7 @@ class L3Tier:
         if not nodes:
             return 0
         hashes = [h for n in nodes for h in n.hashes]
-        srcs = [self._pieces("page", int(r)) for n in nodes for r in n.host_ids]
+        srcs = [self._pieces("page", int(r)) for n in nodes for r in _rows(n.host_ids)]
         ticket = self.store.put_async(hashes, "page", srcs)
         if ticket.done and ticket.dropped:
             self.counters.l3_put_dropped += 1
@@ -239,7 +245,7 @@ class L3Tier:
         for n in nodes:  # the put reads the host rows until it is done
             n.l3_put = ticket
             n.l3_stored = True
-        self._puts[ticket] = (ticket, _Put(nodes=nodes, attempt=attempt))
+        self._puts[ticket] = _Put(nodes=nodes, attempt=attempt)
         return len(hashes)
 
     def put_snapshot(self, node: TreeNode, snap: Snapshot, *, attempt: int = 0) -> int:
@@ -251,7 +257,7 @@ class L3Tier:
             self._unstored_snaps[snap] = (node, attempt)
             return 0
         snap.put_pending = True
-        self._puts[ticket] = (ticket, _Put(snap=snap, snap_node=node, attempt=attempt))
+        self._puts[ticket] = _Put(snap=snap, snap_node=node, attempt=attempt)
         return 1
 
     def _remember(self, nodes: list[TreeNode], attempt: int) -> None:
@@ -261,7 +267,7 @@ class L3Tier:
             else:
                 self.counters.l3_put_abandoned += n.num_pages
 
-    def _finish_put(self, put: _Put, ticket: Any) -> PutDone:
+    def _finish_put(self, put: _Put, ticket: PutTicket) -> PutDone:
         seen: set[int] = set()
         done: list[TreeNode] = []
         for start in put.nodes:
@@ -278,6 +284,7 @@ class L3Tier:
             put.snap.put_pending = False
             if not ticket.ok:
                 if put.attempt < MAX_PUT_RETRIES:
+                    assert put.snap_node is not None
                     self._unstored_snaps[put.snap] = (put.snap_node, put.attempt)
                 else:
                     self.counters.l3_put_abandoned += 1
@@ -292,6 +299,7 @@ class L3Tier:
         outage costs nothing per step; each copy is retried up to ``MAX_PUT_RETRIES`` times.
         A split leaves the unstored upper part of a node above it: the walk up collects it.
         """
+        assert self.store is not None
         room = self.store.backup_room() if (self._unstored or self._unstored_snaps) else 0
         batch: list[TreeNode] = []
         attempt = 0
@@ -328,8 +336,8 @@ class L3Tier:
         """Finish the puts that completed, re-queue failed ones; returns what they read."""
         if self.store is None:
             return []
-        done = [self._finish_put(entry[1], ticket) for ticket in self.store.poll_backups()
-                if (entry := self._puts.pop(ticket, None)) is not None]
+        done = [self._finish_put(put, ticket) for ticket in self.store.poll_backups()
+                if (put := self._puts.pop(ticket, None)) is not None]
         self._retry_puts()
         return done
 
@@ -349,7 +357,8 @@ class L3Tier:
         for pf in list(self._open):
             self.cancel(pf)
         done = self.drain(5.0)
-        self.prefetcher.close()
+        if self.prefetcher is not None:
+            self.prefetcher.close()
         self.store.close()
         return done
 
@@ -359,7 +368,7 @@ class L3Tier:
 
     def held_rows(self) -> tuple[list[int], list[int]]:
         """Host page and state rows fetched and not yet inserted or freed."""
-        pages = [int(r) for pf in self._settling for r in pf.page_rows]
+        pages = [int(r) for pf in self._settling for r in _rows(pf.page_rows)]
         states = [pf.state_row for pf in self._settling if pf.state_row is not None]
         return pages, states
 

@@ -210,7 +210,7 @@ class PrometheusExporter:
     def close(self) -> None:
         """Stop the HTTP server :meth:`serve` started (prometheus-client >= 0.20 returns it)."""
         server = getattr(self, "_server", None)
-        self._server = None
+        self._server = None  # type: ignore[assignment]  # closed: nothing to stop again
         if isinstance(server, tuple) and hasattr(server[0], "shutdown"):
             server[0].shutdown()
             server[0].server_close()

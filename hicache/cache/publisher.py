@@ -87,6 +87,7 @@ class Publisher:
             lease.owned.discard(lease.page_table[i])
         self.counters.published_pages += max(published - start, 0)
         self.counters.duplicate_pages += int(res.duplicates.size)
+        assert lease._locked_node is not None, "a released lease publishes"
         self._tree.move_lock(lease._locked_node, res.last)
         lease._locked_node = res.last
         lease.published_pages = max(published, start)
@@ -199,6 +200,7 @@ class Publisher:
         if lease._provisional is not None:
             drop += self._drop_provisional(lease, lease._provisional)
             lease._provisional = None
+        assert lease._locked_node is not None, "a lease released twice"
         self._tree.lock(lease._locked_node, -1)
         lease._locked_node = None
         out = Released(sorted(lease.owned), sorted(lease._unpublished_snapshots), drop)

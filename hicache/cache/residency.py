@@ -100,8 +100,14 @@ class Residency:
         self._detached: list[Snapshot] = []
 
     # -- ids -------------------------------------------------------------------------------
-    def free(self, tier: Tier, source: Source, ids: Iterable[int] | np.ndarray) -> None:
-        arr = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids), np.int64)
+    def free(self, tier: Tier, source: Source, ids: Iterable[int | None] | np.ndarray | None) -> None:
+        """Give ids back to ``tier``'s pools (the only place besides allocation that
+        changes them). Every id must be a held one: ``None`` is a bug in the caller."""
+        assert ids is not None, "freeing the ids of a copy that has none"
+        if not isinstance(ids, np.ndarray):
+            ids = list(ids)
+            assert None not in ids, "freeing a row id that is not set"
+        arr = np.asarray(ids, np.int64)
         if arr.size:
             self.pools.tier(tier).free(source, arr)
 
@@ -266,6 +272,7 @@ class Residency:
             snap.backup_pending = False
             self.counters.backup_skipped_no_room += 1
             return None
+        assert snap.device_id is not None, "a snapshot backup needs a device copy"
         return SnapshotBackup(node, snap, snap.device_id, int(alloc.ids[0]))
 
     def apply_page_backup(self, tag: PageBackup, ok: bool) -> list[TreeNode]:
@@ -332,6 +339,7 @@ class Residency:
         finishing under backpressure must not free the host row it is about to read."""
         loads = []
         if plan.pages:
+            assert pages is not None
             dst = pages.ids.numpy()
             off = 0
             for n in plan.shadows:
@@ -340,6 +348,7 @@ class Residency:
             loads.append(Load(nodes=plan.shadows, page_dst=dst))
         snap = plan.snapshot
         if snap is not None:
+            assert state is not None
             loads.append(Load(snap=snap, snap_src=snap.host_id, snap_dst=int(state.ids[0])))
             snap.device_id = int(state.ids[0])
             snap.loading = True

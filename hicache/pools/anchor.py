@@ -54,6 +54,11 @@ class NoRoom:
     def ok(self) -> bool:
         return False
 
+    @property
+    def ids(self) -> torch.Tensor:
+        """There are none: asking is a bug in the caller (check ``ok`` first)."""
+        raise MisuseError(f"NoRoom has no ids: {self.requested} were asked, {self.available} free")
+
 
 AllocResult = Union[Allocation, NoRoom]
 

@@ -90,7 +90,9 @@ class SidecarPool:
 
     @property
     def source(self) -> str:
-        return self.family.index_source
+        source = self.family.index_source
+        assert source is not None, f"{self.family.name}: a family in a pool has its index source resolved"
+        return source
 
     @property
     def unit_bytes(self) -> int:

@@ -147,7 +147,7 @@ class Batch:
         self.cond = threading.Condition()
         self.done_event = threading.Event()
         self.events: list | None = None  # CUDA events, one per group
-        self.start_event = None
+        self.start_event: Any = None     # CUDA event at launch (timing)
         self.keep: list = []             # tensors an async launch still reads
 
     def conflicts(self, other: "Batch") -> bool:
@@ -209,10 +209,12 @@ class Batch:
         if idx < 0:
             return self.wait(timeout) and self.error is None
 
+        events = self.events
+
         def landed() -> bool:
             self._refresh()
             try:
-                return self.done_event.is_set() or self.events[idx].query()
+                return self.done_event.is_set() or events[idx].query()
             except RuntimeError as exc:
                 self.fail(f"{type(exc).__name__}: {exc}")
                 return True

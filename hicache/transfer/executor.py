@@ -44,7 +44,7 @@ class CpuExecutor:
         self.backend = backend
         self.threads = threads
         self.fault_injector = fault_injector
-        self._queues = {d: queue.SimpleQueue() for d in DIRECTIONS}
+        self._queues: dict[str, queue.SimpleQueue] = {d: queue.SimpleQueue() for d in DIRECTIONS}
         self._workers: dict[str, threading.Thread] = {}
 
     def submit(self, b: Batch) -> None:
@@ -115,8 +115,8 @@ class CudaExecutor:
                 for dep in b.deps:
                     if dep.events:
                         stream.wait_event(dep.events[-1])
-                b.start_event = torch.cuda.Event(enable_timing=True)
-                b.start_event.record(stream)
+                start = b.start_event = torch.cuda.Event(enable_timing=True)
+                start.record(stream)
                 for layer_id, segments in b.groups:
                     if self.fault_injector is not None:
                         self.fault_injector(_fault_point(b, layer_id))

@@ -139,7 +139,9 @@ def build_pieces(plan: CopyPlan, segments: Sequence[Segment]) -> tuple[np.ndarra
                 break
         else:
             groups.append((it, [(it, lays)]))
-    srcs, dsts, lens = [], [], []
+    srcs: list[np.ndarray] = []
+    dsts: list[np.ndarray] = []
+    lens: list[np.ndarray] = []
     for head, members in groups:
         by_src = _plane_major(head.src) or not _plane_major(head.dst)
         order = np.argsort(head.src_ids if by_src else head.dst_ids, kind="stable")

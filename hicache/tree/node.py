@@ -30,9 +30,12 @@ so equal hashes mean equal prefixes, and every process computes the same value (
 from __future__ import annotations
 
 import hashlib
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from hicache.tree.watch import TreeWatch
 
 HASH_BYTES = 32
 ROOT_HASH = b"\x00" * HASH_BYTES
@@ -96,6 +99,17 @@ class Snapshot:
 
     __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
                  "loading", "load_ticket", "last_access", "_node", "_counted")
+    device_id: int | None
+    host_id: int | None
+    lock: int
+    provisional_owner: int | None
+    backup_pending: bool
+    put_pending: bool
+    loading: bool
+    load_ticket: "LoadTicket | None"
+    last_access: float
+    _node: "TreeNode | None"
+    _counted: tuple[int, int]
 
     def __init__(self, device_id: int | None = None, host_id: int | None = None, lock: int = 0,
                  provisional_owner: int | None = None, backup_pending: bool = False, put_pending: bool = False,
@@ -145,6 +159,29 @@ class TreeNode:
     __slots__ = ("token_bytes", "hashes", "parent", "device_ids", "host_ids", "children", "lock_device",
                  "lock_host", "backup_pending", "load_ticket", "l3_put", "pins", "l3_stored", "from_l3", "last_access",
                  "hit_count", "snapshot", "node_id", "depth", "num_pages", "_watch", "_device_children", "_counted")
+    token_bytes: bytes
+    hashes: list[bytes]
+    parent: "TreeNode | None"
+    device_ids: np.ndarray | None
+    host_ids: np.ndarray | None
+    children: dict[bytes, "TreeNode"]
+    lock_device: int
+    lock_host: int
+    backup_pending: int
+    load_ticket: "LoadTicket | None"
+    l3_put: object | None
+    pins: int
+    l3_stored: bool
+    from_l3: bool
+    last_access: float
+    hit_count: int
+    snapshot: Snapshot | None
+    node_id: int
+    depth: int
+    num_pages: int
+    _watch: "TreeWatch | None"
+    _device_children: int
+    _counted: tuple[int, int]
 
     # lock_device: running requests whose prefix covers this node
     # lock_host: in-flight loads reading the host copy (written by the cache's loads only)
@@ -186,6 +223,7 @@ class TreeNode:
                 watch.snapshot_detached(old)
             _set(self, name, value)
             if value is not None:
+                assert isinstance(value, Snapshot)
                 _set(value, "_node", self)
                 watch.snapshot_changed(self, value, "attach")
             watch.node_changed(self)

@@ -264,8 +264,8 @@ class EvictionOrder:
                     want = self.snapshot_key(n, s) if self.snapshot_eligible(s, tier) else None
                     assert heap.key(s) == want, f"{n}: {tier} snapshot order entry is stale"
         live = set(map(id, nodes))
-        for heap in (self.device, self.host):
-            assert all(id(item) in live for _, item in heap.items()), "a detached node in the eviction order"
+        for node_heap in (self.device, self.host):
+            assert all(id(item) in live for _, item in node_heap.items()), "a detached node in the eviction order"
         snaps = {id(n.snapshot) for n in nodes if n.snapshot is not None}
         for heap in self.snapshots.values():
             assert all(id(s) in snaps for _, s in heap.items()), "a detached snapshot in the eviction order"
