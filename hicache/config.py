@@ -12,11 +12,11 @@ config); layers themselves never import it.
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
 from hicache.layout.loaders import layout_from_mapping, load_hf_config, read_config_file
@@ -46,8 +46,7 @@ class TreeConfig:
         if self.eviction not in EVICTION_POLICIES:
             raise ConfigError("eviction", self.eviction, f"must be one of {list(EVICTION_POLICIES)}")
         r = self.retention_interval
-        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 0):
-            raise ConfigError("retention_interval", r, "must be null, 0 or a positive token count")
+        check_int("retention_interval", r, optional=True, reason="must be null, 0 or a positive token count")
 
 
 @dataclass(frozen=True)
@@ -77,8 +76,7 @@ class WriteConfig:
                               f"needs write_policy write_back (got {self.write_policy}): an exclusive "
                               "host tier takes pages only when the device evicts them")
         t = self.write_through_threshold
-        if isinstance(t, bool) or not isinstance(t, int) or t < 1:
-            raise ConfigError("write_through_threshold", t, "must be an integer >= 1")
+        check_int("write_through_threshold", t, minimum=1)
 
 
 @dataclass(frozen=True, repr=False)
@@ -104,11 +102,9 @@ class StorageConfig:
             raise ConfigError("prefetch_policy", self.prefetch_policy,
                               f"must be one of {list(PREFETCH_POLICIES)}")
         t = self.prefetch_timeout_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
-            raise ConfigError("prefetch_timeout_s", t, "must be a finite number of seconds > 0")
+        check_number("prefetch_timeout_s", t, reason="must be a finite number of seconds > 0")
         t = self.prefetch_threshold_tokens
-        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
-            raise ConfigError("prefetch_threshold_tokens", t, "must be an integer >= 0")
+        check_int("prefetch_threshold_tokens", t)
 
     def __repr__(self) -> str:
         return (f"StorageConfig(url={mask_url(self.url)!r}, salt={self.salt!r}, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from hicache.errors import ConfigError
+from hicache.errors import ConfigError, MisuseError
 
 _UNITS = {
     "": 1, "b": 1,
@@ -47,3 +47,54 @@ def format_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.3g} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+# -- checked numbers: the one validator every config and API boundary uses ------------------
+def _describe(minimum: float | None, maximum: float | None, what: str) -> str:
+    if minimum is not None and maximum is not None:
+        return f"must be {what} in [{minimum}, {maximum}]"
+    if minimum is not None:
+        return f"must be {what} >= {minimum}"
+    return f"must be {what}" + (f" <= {maximum}" if maximum is not None else "")
+
+
+def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: int | None = None,
+              optional: bool = False, reason: str | None = None, misuse: bool = False) -> int | None:
+    """``value`` as an int in ``[minimum, maximum]`` (``None`` allowed when ``optional``).
+
+    Booleans are refused (``true`` is never a count anyone meant), and so are floats,
+    strings and numpy scalars of other kinds. A bad value raises :class:`ConfigError`
+    naming ``field`` -- or :class:`MisuseError` with ``misuse=True``, for API arguments.
+    """
+    if value is None and optional:
+        return None
+    import numpy as np  # numpy integer scalars are ints too (ids, counts from arrays)
+
+    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
+    if ok:
+        n = int(value)  # type: ignore[arg-type]
+        ok = (minimum is None or n >= minimum) and (maximum is None or n <= maximum)
+        if ok:
+            return n
+    why = reason or _describe(minimum, maximum, "an integer")
+    if misuse:
+        raise MisuseError(f"{field} {why}, got {value!r}")
+    raise ConfigError(field, value, why)
+
+
+def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
+                 optional: bool = False, reason: str | None = None, misuse: bool = False) -> float | None:
+    """``value`` as a finite float (``> 0`` when ``positive``, ``>= minimum`` when given)."""
+    if value is None and optional:
+        return None
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok:
+        x = float(value)  # type: ignore[arg-type]
+        ok = (not positive or x > 0) and (minimum is None or x >= minimum)
+        if ok:
+            return x
+    why = reason or ("must be a finite number" + (" > 0" if positive else "")
+                     + (f" >= {minimum}" if minimum is not None else ""))
+    if misuse:
+        raise MisuseError(f"{field} {why}, got {value!r}")
+    raise ConfigError(field, value, why)

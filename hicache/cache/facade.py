@@ -44,6 +44,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from hicache.units import check_int
 from hicache.cache.copies import Copies
 from hicache.cache.l3tier import L3Tier, Prefetch, PutDone
 from hicache.cache.lease import Lease
@@ -279,9 +280,9 @@ class HiCache:
     def alloc_pages(self, lease: Lease, n: int) -> AllocResult:
         """Append ``n`` device pages to the lease's page table (evicting if needed)."""
         self._lease(lease)
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise MisuseError(f"alloc_pages: n must be an integer >= 0, got {n!r}")
-        res = self._alloc(DEVICE, PAGE, int(n))
+        count = check_int("alloc_pages: n", n, minimum=0, misuse=True)
+        assert count is not None
+        res = self._alloc(DEVICE, PAGE, count)
         if res.ok:
             new = res.ids.tolist()
             lease.page_table.extend(new)
@@ -347,8 +348,7 @@ class HiCache:
             raise MisuseError("publish on a lease whose load failed; release it and recompute")
         if not lease.ready():
             raise MisuseError("publish before the lease's loads finished; call lease.wait() first")
-        if isinstance(num_pages, bool) or not isinstance(num_pages, (int, np.integer)):
-            raise MisuseError(f"publish: num_pages must be an integer, got {num_pages!r}")
+        check_int("publish: num_pages", num_pages, minimum=None, misuse=True)
         if not (lease.published_pages <= num_pages <= len(lease.page_table)) or len(toks) < num_pages * P:
             raise MisuseError(f"publish of {num_pages} pages: lease has {len(lease.page_table)} pages, "
                               f"{lease.published_pages} already published, {len(toks)} tokens")
@@ -398,9 +398,7 @@ class HiCache:
             return 0
         if pf.finished:
             return pf.inserted_tokens
-        if landed_pages is not None and (isinstance(landed_pages, bool) or not isinstance(landed_pages, int)
-                                         or landed_pages < 0):
-            raise MisuseError(f"finish_prefetch: landed_pages must be an integer >= 0, got {landed_pages!r}")
+        check_int("finish_prefetch: landed_pages", landed_pages, minimum=0, optional=True, misuse=True)
         plan = self._l3.await_plan(pf, landed_pages)
         if plan is not None:
             pages = self._alloc(HOST, PAGE, plan.pages)
@@ -617,6 +615,5 @@ def _snapshot_row(snapshot: object) -> int | None:
         if not getattr(snapshot, "ok", False) or len(ids) != 1:
             raise MisuseError("publish: snapshot must be one row from alloc_snapshot()")
         return int(ids[0])
-    if isinstance(snapshot, bool) or not isinstance(snapshot, (int, np.integer)):
-        raise MisuseError(f"publish: snapshot must be an allocation or a row id, got {snapshot!r}")
-    return int(snapshot)
+    return check_int("publish: snapshot", snapshot, minimum=0, misuse=True,
+                     reason="must be an allocation from alloc_snapshot() or its row id")

@@ -31,6 +31,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from hicache.units import check_int
 from hicache.errors import ConfigError
 from hicache.layout.spec import MAX_LAYERS, CacheLayout, FamilySpec, _require_int, parse_layers
 
@@ -235,8 +236,7 @@ def _deepseek_v4(cfg: Mapping, page_tokens: int, kv_format: str, indexer_format:
                           + (f" + MTP ({mtp})" if mtp else "") + " entries")
     ratios = ratios[: num_layers + mtp]
     for i, r in enumerate(ratios):
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise ConfigError(f"hf_config.compress_ratios[{i}]", r, "must be an integer >= 0")
+        check_int(f"hf_config.compress_ratios[{i}]", r)
         if r and page_tokens % r:
             raise ConfigError(f"hf_config.compress_ratios[{i}]", r,
                               f"does not divide page_tokens={page_tokens}"

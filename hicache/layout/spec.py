@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Iterable, Literal
 
+from hicache.units import check_int
 from hicache.errors import ConfigError
 
 Kind = Literal["history", "state"]
@@ -44,14 +45,9 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
 def _require_int(where: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
-    # bool is an int subclass; "layers: true" is never what anyone meant.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(where, value, "must be an integer")
-    if value < minimum:
-        raise ConfigError(where, value, f"must be >= {minimum}")
-    if maximum is not None and value > maximum:
-        raise ConfigError(where, value, f"must be <= {maximum}")
-    return value
+    n = check_int(where, value, minimum=minimum, maximum=maximum)
+    assert n is not None
+    return n
 
 
 @dataclass(frozen=True)

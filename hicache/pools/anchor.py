@@ -21,6 +21,7 @@ from typing import Union
 import numpy as np
 import torch
 
+from hicache.units import check_int
 from hicache.errors import MisuseError
 
 
@@ -101,9 +102,7 @@ class IndexAllocator:
 
     def alloc(self, n: int) -> AllocResult:
         """Allocate ``n`` distinct ids, or return :class:`NoRoom` and allocate nothing."""
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise MisuseError(f"{self.name}: alloc count must be an integer >= 0, got {n!r}")
-        n = int(n)
+        n = check_int(f"{self.name}: alloc count", n, misuse=True)  # type: ignore[assignment]
         if n > self._top:
             return NoRoom(requested=n, available=self._top)
         ids = self._free[self._top - n: self._top][::-1].copy()

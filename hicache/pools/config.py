@@ -14,13 +14,13 @@ pinned pool takes the machine down rather than failing cleanly.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
 import psutil
 import torch
 
+from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
 from hicache.pools.tier import HOST_LAYOUTS
@@ -56,20 +56,16 @@ class PoolConfig:
             raise ConfigError("host_layout", self.host_layout, f"must be one of {list(HOST_LAYOUTS)}")
         for name in ("device_bytes", "host_reserve_bytes"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ConfigError(name, v, "must be a positive number of bytes")
+            check_int(name, v, minimum=1, reason="must be a positive number of bytes")
         hb = self.host_bytes
-        if hb is not None and (isinstance(hb, bool) or not isinstance(hb, int) or hb <= 0):
-            raise ConfigError("host_bytes", hb, "must be a positive number of bytes")
+        check_int("host_bytes", hb, minimum=1, optional=True, reason="must be a positive number of bytes")
         r = self.host_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < math.inf:
-            raise ConfigError("host_ratio", r, "must be a finite number > 0")
+        check_number("host_ratio", r)
         if not isinstance(self.state_share, (int, float)) or not 0 < self.state_share < 1:
             raise ConfigError("state_share", self.state_share, "must be between 0 and 1 (exclusive)")
         for name in ("device_pages", "device_snapshots", "host_pages", "host_snapshots"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ConfigError(name, v, "must be an integer >= 0")
+            check_int(name, v, optional=True)
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise ConfigError("device", self.device, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
 

@@ -9,19 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
 
 def _pos_int(name: str, v: object, minimum: int = 1) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(name, v, f"must be an integer >= {minimum}")
+    check_int(name, v, minimum=minimum)
 
 
 def _pos_float(name: str, v: object) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ConfigError(name, v, "must be > 0")
+    check_number(name, v, reason="must be > 0")
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
+from hicache.units import check_int
 from hicache.errors import ConfigError
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
 from hicache.storage.buffers import Value, consume, value_views
@@ -47,8 +48,7 @@ class FileBackend:
 
     def __init__(self, root: str | os.PathLike, capacity_bytes: int = DEFAULT_FILE_CAPACITY,
                  fsync: bool = False):
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
-            raise ConfigError("capacity", capacity_bytes, "must be a positive byte count")
+        check_int("capacity", capacity_bytes, minimum=1, reason="must be a positive byte count")
         self.root = Path(root)
         try:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Iterator, Optional, Sequence
 
+from hicache.units import check_int
 from hicache.errors import ConfigError
 from hicache.storage.backend import (STORAGE_PROTOCOL_VERSION, Accept, BackendStats, batched,
                                      exists_prefix_batched)
@@ -47,8 +48,7 @@ class MemoryBackend:
     kind = "memory"
 
     def __init__(self, capacity_bytes: int = DEFAULT_MEMORY_CAPACITY, name: str = ""):
-        if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int) or capacity_bytes <= 0:
-            raise ConfigError("capacity", capacity_bytes, "must be a positive byte count")
+        check_int("capacity", capacity_bytes, minimum=1, reason="must be a positive byte count")
         self.name = name
         self.url = f"memory://{name}?capacity={capacity_bytes}"
         if name:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hicache.units import check_int
 from hicache.errors import ConfigError
 
 BACKENDS = ("auto", "reference", "cpu", "native", "torch", "triton")
@@ -43,8 +44,7 @@ class TransferConfig:
                               f"must be one of {list(LOAD_GRANULARITIES)}")
         for name, minimum in (("max_queued_ops", 1), ("cpu_threads", 0)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-                raise ConfigError(f"transfer.{name}", v, f"must be an integer >= {minimum}")
+            check_int(f"transfer.{name}", v, minimum=minimum)
         b = self.max_queued_bytes
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
-            raise ConfigError("transfer.max_queued_bytes", b, "must be null or a positive byte count")
+        check_int("transfer.max_queued_bytes", b, minimum=1, optional=True,
+                  reason="must be null or a positive byte count")

@@ -10,7 +10,6 @@ from hicache.config import HiCacheConfig, StorageConfig, TreeConfig, WriteConfig
 from hicache.engine import contents
 from hicache.layout import CacheLayout, FamilySpec
 from hicache.pools import PoolConfig
-from hicache.tree import ROOT_HASH, chain_hashes
 
 P = 4
 

@@ -46,6 +46,7 @@ except ImportError as exc:  # this module is what vLLM loads; hicache itself nev
     raise ImportError(f"hicache.integrations.vllm.tier needs vLLM with the tiering offload API "
                       f"(vllm>=0.32): {exc}") from exc
 
+from hicache.units import check_int
 from hicache.errors import ConfigError
 from hicache.integrations.vllm.transfers import GroupStores, TransferJob as HcJob, TransferRunner
 from hicache.storage import L3Config, mask_url, open_backend
@@ -114,8 +115,7 @@ class HiCacheSecondaryTier(SecondaryTierManager):
                  metrics_addr: str = "127.0.0.1", backpressure_detector: Any = None):
         super().__init__(offloading_spec=offloading_spec, primary_kv_view=primary_kv_view, tier_type=tier_type,
                          backpressure_detector=backpressure_detector)
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ConfigError("secondary_tiers.threads", threads, "must be an integer >= 1")
+        check_int("secondary_tiers.threads", threads, minimum=1)
         try:
             cfg = L3Config(**(l3 or {}))
         except TypeError as exc:
@@ -149,8 +149,7 @@ class HiCacheSecondaryTier(SecondaryTierManager):
         ``/metrics`` does not serve: export ours on a port of its own."""
         from hicache.cache.metrics import PrometheusExporter
 
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
-            raise ConfigError("secondary_tiers.metrics_port", port, "must be a TCP port number")
+        check_int("secondary_tiers.metrics_port", port, minimum=0, maximum=65535, reason="must be a TCP port number")
         dp = spec_cfg.parallel.data_parallel_index if isinstance(spec_cfg, OffloadingConfig) else 0
         model = spec_cfg.model.name if isinstance(spec_cfg, OffloadingConfig) else model
         self.exporter = PrometheusExporter(self, labels={"model_name": model, "rank": dp})

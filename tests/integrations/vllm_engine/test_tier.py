@@ -13,7 +13,6 @@ from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 
 from hicache.integrations.vllm.tier import HiCacheSecondaryTier
-from hicache.storage import L3Store
 
 from .harness import keys, lookup_until, make_manager, payload, primary_bytes, settle, step, store
 
