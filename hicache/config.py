@@ -18,10 +18,9 @@ from typing import Any, Mapping
 
 from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
-from hicache.layout import CacheLayout
-from hicache.layout.loaders import layout_from_mapping, load_hf_config, read_config_file
+from hicache.layout import CacheLayout, layout_from_mapping, load_hf_config, read_config_file
 from hicache.pools import PoolConfig
-from hicache.storage.url import mask_url
+from hicache.storage import mask_url
 from hicache.units import parse_bytes
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")

@@ -9,10 +9,11 @@ placement and eviction decisions) and :class:`ConfiguredPolicy` (the config's po
 from hicache.cache.facade import HiCache
 from hicache.cache.l3tier import Prefetch
 from hicache.cache.lease import Lease
+from hicache.cache.metrics import PrometheusExporter
 from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
 from hicache.cache.results import CacheStats, MatchResult, PublishResult, SnapshotOutcome
 from hicache.cache.tokens import as_tokens
 from hicache.tree import Boundary
 
 __all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "SnapshotOutcome", "CacheStats", "Boundary",
-           "Prefetch", "PlacementPolicy", "ConfiguredPolicy", "as_tokens"]
+           "Prefetch", "PlacementPolicy", "ConfiguredPolicy", "PrometheusExporter", "as_tokens"]

@@ -24,8 +24,8 @@ from typing import Any, Callable
 import numpy as np
 
 from hicache.pools import TieredPools
-from hicache.transfer import Ack, CopyHandle, Direction, QueueFull, TransferConfig, TransferController
-from hicache.transfer.executor import FaultInjector
+from hicache.transfer import (Ack, CopyHandle, Direction, FaultInjector, QueueFull, TransferConfig,
+                              TransferController)
 
 
 class Copies:

@@ -57,8 +57,7 @@ from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
 from hicache.pools import AllocResult, Source, Tier, TieredPools, build_pools
-from hicache.transfer import Ack, Direction, LoadHandle, TransferConfig
-from hicache.transfer.executor import FaultInjector
+from hicache.transfer import Ack, Direction, FaultInjector, LoadHandle, TransferConfig
 from hicache.tree import ROOT_HASH, Boundary, PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode, chain_hashes
 
 DEVICE, HOST, PAGE, STATE = Tier.DEVICE, Tier.HOST, Source.PAGE, Source.STATE

@@ -18,7 +18,7 @@ Interface:
 See ``docs/storage.md``.
 """
 
-from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, BackendStats, StorageBackend
+from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, BackendStats, StorageBackend, leading_true
 from hicache.storage.backup import BackupQueue, PutTicket
 from hicache.storage.config import PREFETCH_POLICIES, L3Config, PrefetchConfig
 from hicache.storage.faults import (CircuitBreaker, StorageConnectionError, StorageProtocolError,
@@ -30,7 +30,7 @@ from hicache.storage.store import GetResult, L3Store, StoreStats
 from hicache.storage.url import SCHEMES, mask_url, open_backend
 
 __all__ = [
-    "STORAGE_PROTOCOL_VERSION", "StorageBackend", "BackendStats", "open_backend", "SCHEMES", "mask_url",
+    "STORAGE_PROTOCOL_VERSION", "StorageBackend", "BackendStats", "leading_true", "open_backend", "SCHEMES", "mask_url",
     "L3Store", "L3Config", "GetResult", "StoreStats", "PutTicket", "BackupQueue",
     "Prefetcher", "PrefetchConfig", "PrefetchOp", "PrefetchPlan", "PrefetchResult", "PrefetchStatus",
     "PREFETCH_POLICIES", "ObjectKind", "ObjectCodec", "Reject", "make_namespace", "FORMAT_VERSION",

@@ -17,6 +17,7 @@ See docs/transfer.md.
 
 from hicache.transfer.batch import Direction, FaultPoint
 from hicache.transfer.config import BACKENDS, TransferConfig
+from hicache.transfer.executor import FaultInjector
 from hicache.transfer.controller import TransferController
 from hicache.transfer.handles import Ack, CopyHandle, LoadHandle, QueueFull, StepReport
 from hicache.transfer.kernels import copy_batch, copy_rows, resolve_backend
@@ -25,7 +26,7 @@ from hicache.transfer.plan import CopyPlan, RowCopy, make_row_copy
 
 __all__ = [
     "TransferController", "TransferConfig", "BACKENDS",
-    "Ack", "CopyHandle", "LoadHandle", "QueueFull", "StepReport", "FaultPoint", "Direction",
+    "Ack", "CopyHandle", "LoadHandle", "QueueFull", "StepReport", "FaultPoint", "FaultInjector", "Direction",
     "copy_rows", "copy_batch", "resolve_backend", "native_status",
     "CopyPlan", "RowCopy", "make_row_copy",
 ]

@@ -41,10 +41,7 @@ from hicache.errors import MisuseError
 from hicache.integrations.sglang.config import SGLangL3Config
 from hicache.integrations.sglang.pages import (PoolSlot, key_hash, kind_of, pool_descriptor, pool_fingerprint,
                                               tensor_bytes)
-from hicache.storage import L3Store, mask_url, open_backend
-from hicache.storage.backend import leading_true
-from hicache.storage.faults import CircuitBreaker
-from hicache.storage.objects import ObjectKind
+from hicache.storage import CircuitBreaker, L3Store, ObjectKind, leading_true, mask_url, open_backend
 
 logger = logging.getLogger(__name__)
 

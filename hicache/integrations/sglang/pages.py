@@ -22,8 +22,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from hicache.storage import L3Store
-from hicache.storage.objects import ObjectKind
+from hicache.storage import L3Store, ObjectKind
 
 _HEX64 = re.compile(r"^[0-9a-fA-F]{64}$")
 # Pool attributes that change a page's bytes without changing its size.

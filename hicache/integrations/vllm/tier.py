@@ -147,7 +147,7 @@ class HiCacheSecondaryTier(SecondaryTierManager):
     def _serve_metrics(self, port: int, addr: str, model: str, spec_cfg: Any) -> None:
         """The tier runs in vLLM's engine-core (scheduler) process, whose registry vLLM's
         ``/metrics`` does not serve: export ours on a port of its own."""
-        from hicache.cache.metrics import PrometheusExporter
+        from hicache.cache import PrometheusExporter
 
         check_int("secondary_tiers.metrics_port", port, minimum=0, maximum=65535, reason="must be a TCP port number")
         dp = spec_cfg.parallel.data_parallel_index if isinstance(spec_cfg, OffloadingConfig) else 0
