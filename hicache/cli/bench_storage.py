@@ -40,7 +40,7 @@ from hicache.cli.common import at_least, positive_number, print_json
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
 from hicache.storage import L3Config, L3Store, open_backend
-from hicache.storage.url import mask_url
+from hicache.storage import mask_url
 
 GB = 1e9
 

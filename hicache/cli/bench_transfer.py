@@ -28,8 +28,7 @@ from hicache.cli.table import render_table
 from hicache.config import load_config
 from hicache.errors import ConfigError
 from hicache.pools import PoolPlan, TieredPools, TierPools, resolve_device
-from hicache.transfer import TransferConfig, TransferController, native_status
-from hicache.transfer import native
+from hicache.transfer import TransferConfig, TransferController, native, native_status
 from hicache.units import format_bytes
 
 GiB = 1024**3

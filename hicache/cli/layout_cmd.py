@@ -8,7 +8,7 @@ from hicache.cli.common import print_json, resolve_config
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, format_layers
-from hicache.layout.loaders import layout_from_mapping, load_hf_config, read_config_file
+from hicache.layout import layout_from_mapping, load_hf_config, read_config_file
 from hicache.units import format_bytes
 
 

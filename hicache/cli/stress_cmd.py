@@ -134,7 +134,7 @@ def run_seed(args: argparse.Namespace, seed: int, progress) -> dict:
     finding like a failed integrity check: it is counted under ``crashes`` with the op, the
     error and where it was raised, and the sweep goes on with the next seed.
     """
-    from hicache.engine.stress import StressConfig, StressRunner
+    from hicache.engine import StressConfig, StressRunner
 
     cache = build_cache(args)  # a ConfigError here is bad input: one line, exit 2
     crash = None

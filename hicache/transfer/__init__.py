@@ -21,12 +21,13 @@ from hicache.transfer.executor import FaultInjector
 from hicache.transfer.controller import TransferController
 from hicache.transfer.handles import Ack, CopyHandle, LoadHandle, QueueFull, StepReport
 from hicache.transfer.kernels import copy_batch, copy_rows, resolve_backend
+from hicache.transfer import native
 from hicache.transfer.native import status as native_status
 from hicache.transfer.plan import CopyPlan, RowCopy, make_row_copy
 
 __all__ = [
     "TransferController", "TransferConfig", "BACKENDS",
     "Ack", "CopyHandle", "LoadHandle", "QueueFull", "StepReport", "FaultPoint", "FaultInjector", "Direction",
-    "copy_rows", "copy_batch", "resolve_backend", "native_status",
+    "copy_rows", "copy_batch", "resolve_backend", "native", "native_status",
     "CopyPlan", "RowCopy", "make_row_copy",
 ]
