@@ -7,7 +7,7 @@ turns redis-py's exceptions into ours (:func:`storage_error`), and lends pooled 
 to the data path (:class:`LentConnections`).
 
 Why lend instead of checking out per operation: a redis-py pool checkout and release costs
-about 25 us on this box (a deprecation-argument wrapper, a health probe, metrics hooks, an
+about 23 us on this box (a deprecation-argument wrapper, a health probe, metrics hooks, an
 event dispatch), a quarter of a 64-key ``EXISTS`` batch (about 105 us). So a connection
 taken from redis-py's pool stays with the data path between operations, in a small
 free list, and goes back to redis-py's pool when it breaks, when the list is full, or at
