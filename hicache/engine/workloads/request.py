@@ -37,7 +37,8 @@ class Request:
     ``prompt`` and ``output`` are read-only int32 arrays. For multi-turn workloads built
     here (synthetic, ShareGPT), turn k+1's prompt starts with turn k's ``prompt + output``
     exactly; requests loaded from a trace carry synthetic outputs that later prompts do not
-    contain (a trace records only prompt blocks).
+    contain (a trace records only prompt blocks). ``source_line`` is the trace line a
+    request was read from (None for built workloads).
     """
 
     request_id: int
@@ -46,6 +47,7 @@ class Request:
     arrival_s: float
     prompt: np.ndarray
     output: np.ndarray
+    source_line: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompt", "output"):

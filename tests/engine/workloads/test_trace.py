@@ -88,29 +88,31 @@ def _one(tmp_path, record, name="one.jsonl") -> str:
 
 
 @pytest.mark.parametrize("lines, match", [
-    (["{not json"], "not valid JSON"),
-    (["[1, 2]"], "must be a JSON object"),
-    ([{"input_length": 4, "block_size": 4}], "hash_ids"),
     ([{"hash_ids": [True], "input_length": 4, "block_size": 4}], "hash ids must be integers or strings"),
+    ([{"hash_ids": [1.5], "input_length": 4, "block_size": 4}], "hash ids must be integers or strings"),
     ([{"hash_ids": [1], "input_length": 0, "block_size": 4}], "input_length"),
-    ([{"hash_ids": [1, 2], "input_length": 4, "block_size": 4}], "does not fit 2 hash ids"),
-    ([{"hash_ids": [1], "input_length": 5, "block_size": 4}], "does not fit 1 hash ids"),
+    ([{"hash_ids": [1], "input_length": "4.5", "block_size": 4}], "input_length"),
+    ([{"hash_ids": [1], "block_size": 4}], "input_length"),
     ([{"hash_ids": [1], "input_length": 4}], "block_size"),
+    ([{"hash_ids": [1], "input_length": 4, "block_size": 0}], "block_size"),
     ([{"hash_ids": [1], "input_length": 4, "block_size": 4},
       {"hash_ids": [1], "input_length": 8, "block_size": 8}], "differs from the trace's 4"),
-    ([{"hash_ids": [1], "input_length": 4, "block_size": 4, "timestamp": 9},
-      {"hash_ids": [1], "input_length": 4, "block_size": 4, "timestamp": 3}], "earlier than"),
-    ([{"hash_ids": [1, 2], "input_length": 5, "block_size": 4, "block_tokens": [4, 2]}], "add up to 6"),
-    ([{"hash_ids": [1], "input_length": 4, "block_size": 4, "output_length": -1}], "output_length"),
-    ([], "has no records"),
+    ([{"hash_ids": [1, 2], "input_length": 5, "block_size": 4, "block_tokens": [4]}], "one token count"),
+    ([{"hash_ids": [1, 2], "input_length": 5, "block_size": 4, "block_tokens": [4, 0]}], "positive"),
+    (["{not json", "[1, 2]", {"hash_ids": [], "input_length": 3}], "has no usable records"),
+    ([], "has no usable records"),
 ])
-def test_bad_lines_name_the_line(tmp_path, lines, match):
+def test_what_the_simulator_refuses_is_refused_naming_the_line(tmp_path, lines, match):
     path = tmp_path / "bad.jsonl"
     path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
     with pytest.raises(ConfigError, match=match) as info:
         load_trace(path)
-    if lines:
+    assert "kvcache-simulator refuses" in str(info.value)
+    if "usable" not in match:
         assert "bad.jsonl:" in str(info.value)
+    sim_trace = pytest.importorskip("kvcache_sim.trace")
+    with pytest.raises(ValueError):
+        sim_trace.parse_trace_file(path)
 
 
 def test_missing_file_and_bad_block_size(tmp_path):
