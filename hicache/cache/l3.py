@@ -19,6 +19,7 @@ and turns them into misses (circuit breaker).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +44,15 @@ class Prefetch:
     pinned: TreeNode | None = None   # end of the prefix the fetched pages will hang off
     finished: bool = False
     inserted_tokens: int = 0
+
+
+def _cut_to_landed(result, plan, landed_pages: int):
+    """``result`` limited to the first ``landed_pages`` pages (see ``finish_prefetch``)."""
+    if plan is None or result.usable_pages <= landed_pages:
+        return result
+    if plan.state_index is not None:
+        return dataclasses.replace(result, usable_pages=0, state_ok=False, complete=False, reason="not landed")
+    return dataclasses.replace(result, usable_pages=max(0, landed_pages), complete=False, reason="not landed")
 
 
 @dataclass(eq=False)
@@ -105,19 +115,33 @@ class L3Mixin:
         if pf in self._open_prefetches:
             self._open_prefetches.remove(pf)
 
-    def finish_prefetch(self, pf: Prefetch | None) -> int:
-        """Apply the prefetch policy, insert what arrived as host nodes; returns tokens added."""
+    def finish_prefetch(self, pf: Prefetch | None, *, landed_pages: int | None = None) -> int:
+        """Apply the prefetch policy, insert what arrived as host nodes; returns tokens added.
+
+        ``landed_pages`` is for callers that keep their own clock (a simulator such as the
+        reference engine, which decides from bytes and bandwidth what would have arrived
+        by now): the lookup and the fetch are then waited for in full, whatever the policy,
+        and only the first ``landed_pages`` fetched pages are inserted -- none when the plan
+        carries a state snapshot and ``landed_pages`` is short of the whole plan (history
+        without its state is of no use). ``None`` (the default): the policy decides.
+        """
         if pf is None or pf.finished:
             return 0 if pf is None else pf.inserted_tokens
         pf.finished = True
         op = pf.op
         policy = self.config.storage.prefetch_policy
-        if policy != "best_effort":
+        if landed_pages is not None:
+            op.wait_planned()
+        elif policy != "best_effort":
             timeout = None if policy == "wait_complete" else self.config.storage.prefetch_timeout_s
             op.wait_planned(timeout)
         if op.status.value == "planned" and not self._start_fetch(pf):
             op.cancel()
+        if landed_pages is not None:
+            op.wait()
         result = op.take()
+        if landed_pages is not None:
+            result = _cut_to_landed(result, op.plan, landed_pages)
         if pf.page_rows is not None:
             self._insert_prefetched(pf, result)
             self._prefetch_rows.append(pf)
