@@ -95,6 +95,8 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_rejected": s["l3_rejected"],
         "device_bytes": cache.pools.plan.device_bytes,
         "host_bytes": cache.pools.plan.host_bytes,
+        "device_pages": cache.pools.plan.device_pages,
+        "host_pages": cache.pools.plan.host_pages,
         "retention_interval": cache.config.tree.retention_interval,
         "storage_url": cache.config.storage.url,
         "write_policy": cache.config.write.write_policy,
