@@ -214,8 +214,8 @@ class Scheduler:
         self.records: dict[int, RequestRecord] = {}
         self.now = self.prev_now = 0.0
         self.waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id), reverse=True)
-        self.queue: list = []      # arrived, not admitted, first come first served
-        self.retry: list = []      # preempted, failed loads, released turns: before the queue
+        self.queue: list = []      # ready, not admitted, first come first served
+        self.retry: list = []      # preempted or failed loads: before the queue
         self.running: list[Job] = []
         self.held: dict[str, list] = {}   # turns whose previous turn still runs
         self.busy: set[str] = set()
@@ -393,7 +393,7 @@ class Scheduler:
         self.busy.discard(conv)
         if self.held.get(conv):
             req = self.held[conv].pop(0)
-            self.retry.append(req)
+            self.queue.append(req)  # ready now: behind whatever was ready before it
             released.append(req)
             self.ready_s[req.request_id] = max(req.arrival_s, self.now)
             self.busy.add(conv)

@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random draw (synthetic, sharegpt)")
     p.add_argument("--preset", default="chat", choices=sorted(PRESETS), help="synthetic preset")
     p.add_argument("--max-prompt-tokens", type=int, default=131_072, help="sharegpt: longest prompt kept")
+    p.add_argument("--no-system-prompt", action="store_true",
+                   help="sharegpt: no default system prompt (first turns can be shorter than a block)")
     p.add_argument("--trace", metavar="FILE", help="trace to load (workload 'trace')")
     p.add_argument("--page-tokens", type=int, default=256, help="page size for the reuse ceiling")
     p.add_argument("--write-trace", metavar="OUT", help="write the requests as a kvcache-simulator trace")
@@ -44,7 +46,8 @@ def build(args: argparse.Namespace) -> tuple[list, dict]:
     if args.workload == "synthetic":
         return synthetic(args.conversations, args.seed, preset=args.preset), {}
     if args.workload == "sharegpt":
-        return sharegpt(args.conversations, args.seed, args.max_prompt_tokens), {}
+        kw = {"system_prompt": ""} if args.no_system_prompt else {}
+        return sharegpt(args.conversations, args.seed, args.max_prompt_tokens, **kw), {}
     if not args.trace:
         raise ConfigError("--trace", None, "workload 'trace' needs --trace FILE")
     loaded = read_trace(args.trace)
