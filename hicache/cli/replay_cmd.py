@@ -31,7 +31,7 @@ DEFAULT_WORKLOAD, DEFAULT_CONVERSATIONS = "multi-turn", 60
 # The main job's budgets (no --config), sized to the default workload: see docs/workloads.md.
 # The host is smaller than the device because write_through_selective backs up only pages
 # hit twice: a larger host never fills, so L3 would never serve.
-MAIN_BUDGETS = {"device_gib": 0.75, "host_gib": 0.25, "state_share": 0.6}
+MAIN_BUDGETS = {"device_gib": 0.5, "host_gib": 0.25, "state_share": 0.6}
 WORKLOADS = ("multi-turn", "synthetic", "sharegpt", "long-context", "long-revisit")
 CLOCK_FLAGS = (("prefill_tps", "prefill_tokens_per_s", 1.0), ("decode_step_ms", "decode_step_s", 1e-3),
                ("h2d_gbps", "h2d_gbps", 1.0), ("d2h_gbps", "d2h_gbps", 1.0), ("l3_gbps", "l3_gbps", 1.0),

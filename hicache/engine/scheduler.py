@@ -28,6 +28,7 @@ without the cache.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -174,6 +175,10 @@ class _StepWork:
     released: list = field(default_factory=list)
 
 
+def _arrival_order(req) -> tuple:
+    return (req.arrival_s, req.request_id)
+
+
 class Scheduler:
     """Runs requests (objects with ``request_id``, ``conversation_id``, ``turn``,
     ``arrival_s``, ``prompt``, ``output``) through an executor on the virtual clock."""
@@ -214,7 +219,7 @@ class Scheduler:
         self.records: dict[int, RequestRecord] = {}
         self.now = self.prev_now = 0.0
         self.waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id), reverse=True)
-        self.queue: list = []      # ready, not admitted, first come first served
+        self.queue: list = []      # ready, not admitted, in arrival order (first come first served)
         self.retry: list = []      # preempted or failed loads: before the queue
         self.running: list[Job] = []
         self.held: dict[str, list] = {}   # turns whose previous turn still runs
@@ -393,7 +398,9 @@ class Scheduler:
         self.busy.discard(conv)
         if self.held.get(conv):
             req = self.held[conv].pop(0)
-            self.queue.append(req)  # ready now: behind whatever was ready before it
+            # The queue is in arrival order: the turn takes its place by its arrival time
+            # (it was held only for its dependency), ahead of what arrived after it.
+            bisect.insort(self.queue, req, key=_arrival_order)
             released.append(req)
             self.ready_s[req.request_id] = max(req.arrival_s, self.now)
             self.busy.add(conv)

@@ -111,3 +111,18 @@ def test_best_effort_l3_hits_only_what_lands_while_queued():
     assert r.hit_tokens == 52 and r.l3_hit_tokens > 0   # the rest: pages another request published meanwhile
     assert r.queue_s == pytest.approx(ClockConfig(l3_gbps=1e-6).fetch_s(13 * 4 * 16), rel=1e-6)
     owner.close()
+
+
+def test_a_held_turn_keeps_its_place_in_arrival_order():
+    # Turn 1 of conversation a arrives while turn 0 still runs; b0..b2 arrive after it.
+    a0 = Request(0, "a", 0, 0.0, np.arange(10, 30, dtype=np.int32), np.arange(60, 100, dtype=np.int32))
+    a1 = Request(1, "a", 1, 0.1, np.concatenate([a0.prompt, a0.output, np.arange(200, 210, dtype=np.int32)]),
+                 np.arange(300, 304, dtype=np.int32))
+    bs = [req(2 + i, range(400 + 50 * i, 420 + 50 * i), range(900, 904), t=0.2 + 0.01 * i, conv=f"b{i}")
+          for i in range(3)]
+    rep = run(make_cache(mha_layout(), device_pages=60, host_pages=8), [a0, a1, *bs], max_running=1)
+    order = sorted(rep.records, key=lambda r: r.finish_s)
+    assert [r.request_id for r in order] == [0, 1, 2, 3, 4]
+    r1 = rep.records[1]
+    assert r1.ready_s == pytest.approx(rep.records[0].finish_s)   # ready when its previous turn finished
+    assert r1.queue_s == pytest.approx(0.0) and r1.hit_tokens == 60   # a0's prompt + output
