@@ -31,8 +31,9 @@ import numpy as np
 from hicache.cache import Boundary, HiCache, Lease
 from hicache.engine import contents
 from hicache.engine.clock import ClockConfig
-from hicache.engine.scheduler import (ADMISSION_POLICIES, EngineConfig, EngineReport, Job, NullExecutor,
-                                      RequestRecord, Scheduler)
+from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, Job, NullExecutor,
+                                    RequestRecord)
+from hicache.engine.scheduler import Scheduler
 from hicache.tree import ROOT_HASH, chain_hashes
 
 __all__ = ["ADMISSION_POLICIES", "CacheExecutor", "EngineConfig", "EngineReport", "ReferenceEngine",
