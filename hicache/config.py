@@ -12,6 +12,7 @@ config); layers themselves never import it.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -20,6 +21,7 @@ from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
 from hicache.layout.loaders import layout_from_mapping, load_hf_config, read_config_file
 from hicache.pools import PoolConfig
+from hicache.storage.url import mask_url
 from hicache.units import parse_bytes
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -79,9 +81,12 @@ class WriteConfig:
             raise ConfigError("write_through_threshold", t, "must be an integer >= 1")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StorageConfig:
-    """The L3 tier: backend URL, key salt and prefetch policy."""
+    """The L3 tier: backend URL, key salt and prefetch policy.
+
+    The URL may carry a password: ``repr()`` and every error show it masked.
+    """
 
     url: str = "memory://"
     salt: str = ""
@@ -91,15 +96,24 @@ class StorageConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or "://" not in self.url:
-            raise ConfigError("storage_url", self.url, "must be a URL like memory://, file:///dir or redis://host:port/0")
+            raise ConfigError("storage_url", mask_url(self.url) if isinstance(self.url, str) else self.url,
+                              "must be a URL like memory://, file:///dir or redis://host:port/0")
+        if not isinstance(self.salt, str):
+            raise ConfigError("storage_salt", self.salt, "must be text")
         if self.prefetch_policy not in PREFETCH_POLICIES:
             raise ConfigError("prefetch_policy", self.prefetch_policy,
                               f"must be one of {list(PREFETCH_POLICIES)}")
-        if not isinstance(self.prefetch_timeout_s, (int, float)) or self.prefetch_timeout_s <= 0:
-            raise ConfigError("prefetch_timeout_s", self.prefetch_timeout_s, "must be > 0")
+        t = self.prefetch_timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t < math.inf:
+            raise ConfigError("prefetch_timeout_s", t, "must be a finite number of seconds > 0")
         t = self.prefetch_threshold_tokens
         if isinstance(t, bool) or not isinstance(t, int) or t < 0:
             raise ConfigError("prefetch_threshold_tokens", t, "must be an integer >= 0")
+
+    def __repr__(self) -> str:
+        return (f"StorageConfig(url={mask_url(self.url)!r}, salt={self.salt!r}, "
+                f"prefetch_policy={self.prefetch_policy!r}, prefetch_timeout_s={self.prefetch_timeout_s!r}, "
+                f"prefetch_threshold_tokens={self.prefetch_threshold_tokens!r})")
 
 
 @dataclass(frozen=True)
@@ -146,18 +160,23 @@ def cache_config_from_mapping(section: Mapping | None, *, model: str = "",
 
     Unknown keys are errors, naming the key and the valid ones.
     """
-    section = dict(section or {})
-    if not isinstance(section, dict):
-        raise ConfigError("cache", section, "must be a mapping", source=source)
+    if section is None:
+        section = {}
+    if not isinstance(section, Mapping):
+        raise ConfigError("cache", section, "must be a mapping of cache settings (or absent)", source=source)
+    section = dict(section)
     section.update({k: v for k, v in overrides.items() if v is not None})
     per_layer: dict[str, dict[str, Any]] = {name: {} for name in _LAYERS}
     for key, value in section.items():
-        if key not in _FIELDS:
-            raise ConfigError(f"cache.{key}", value,
+        if key not in _FIELDS:  # a mistyped storage_url may hold a password: mask it
+            raise ConfigError(f"cache.{key}", mask_url(value) if isinstance(value, str) else value,
                               f"unknown field; expected one of {sorted(_FIELDS)}", source=source)
         layer, name, parser = _FIELDS[key]
         if parser == _BYTES and value is not None:
-            value = parse_bytes(value, f"cache.{key}")
+            try:
+                value = parse_bytes(value, f"cache.{key}")
+            except ConfigError as exc:
+                raise ConfigError(exc.field, exc.value, exc.reason, source=source) from None
         per_layer[layer][name] = value
     if model and "salt" not in per_layer["storage"]:
         per_layer["storage"]["salt"] = model

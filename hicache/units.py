@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from hicache.errors import ConfigError
@@ -15,7 +16,11 @@ _UNITS = {
 
 
 def parse_bytes(value: object, field: str) -> int:
-    """Parse an int or a string like ``"8GiB"`` / ``"1.5 GB"`` into a positive byte count."""
+    """Parse an int or a string like ``"8GiB"`` / ``"1.5 GB"`` into a positive byte count.
+
+    ``inf``, ``nan`` and sizes too large to be a float are errors, never an exception from
+    ``int()`` further down.
+    """
     if isinstance(value, bool):
         raise ConfigError(field, value, "must be a byte size like 8GiB")
     if isinstance(value, (int, float)):
@@ -27,6 +32,8 @@ def parse_bytes(value: object, field: str) -> int:
         n = float(m.group(1)) * _UNITS[m.group(2).lower()]
     else:
         raise ConfigError(field, value, "must be a byte size like 8GiB")
+    if not math.isfinite(n):
+        raise ConfigError(field, value, "must be a finite byte size like 8GiB")
     if n <= 0:
         raise ConfigError(field, value, "must be > 0")
     return int(n)

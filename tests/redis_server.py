@@ -51,15 +51,17 @@ class RedisServer:
     """One redis-server; ``url`` points at it. ``kill()`` / ``start()`` restart on the same port."""
 
     def __init__(self, *args: str, port: Optional[int] = None, unix: bool = False, tls: bool = False,
-                 workdir: Optional[str] = None):
+                 workdir: Optional[str] = None, tls_files: Optional[tuple[str, str]] = None):
         assert REDIS_SERVER, SKIP_REASON
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="hicache-redis-"))
         self.port = port or free_port()
         self.unix_path = str(self.dir / "redis.sock") if unix else None
-        self.tls = tls
+        self.tls = tls or tls_files is not None
         self.extra = list(args)
         self.proc: Optional[subprocess.Popen] = None
-        if tls:
+        if tls_files is not None:  # (certificate, key) made by the caller, e.g. signed by a test CA
+            self.cert, self.key = tls_files
+        elif tls:
             self._make_certs()
         self.start()
 

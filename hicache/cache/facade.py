@@ -18,7 +18,6 @@ One scheduler step of an engine, in terms of this API::
 from __future__ import annotations
 
 import itertools
-from typing import NamedTuple
 
 import numpy as np
 
@@ -34,13 +33,6 @@ from hicache.pools import AllocResult, build_pools
 from hicache.transfer import TransferConfig, TransferController
 from hicache.tree import (PathMatch, RadixTree, RetentionPolicy, Snapshot,
                           TreeNode, chain_hashes, get_strategy)
-
-
-class _Resume(NamedTuple):
-    pages: int            # resume point in pages
-    node: TreeNode | None  # node ending at the resume point (None: mid-node or root)
-    device_pages: int
-    snapshot: Snapshot | None
 
 
 class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
@@ -66,9 +58,13 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self._leases: dict[int, Lease] = {}
         self._lease_ids = itertools.count(1)
         self._loading_snaps: dict[int, object] = {}  # id(snapshot) -> load handle (None: queued)
+        # provisional snapshots whose owner moved on while another holder still used them;
+        # each is dropped (and counted) at its last unlock
+        self._orphans: dict[Snapshot, TreeNode] = {}
         self._release_after_put: set = set()  # exclusive tier: nodes/snapshots loaded while an L3 put read them
         self._inflight: dict[int, object] = {}       # id(tag) -> tag of queued copies
         self._handles: dict[int, object] = {}        # id(tag) -> its copy handle
+        self._acks: list = []  # finished copies collected, applied by poll()/drain() only
         self._closed = False
         self._init_l3()
 
@@ -82,29 +78,12 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
     def _max_pages(self, tokens: np.ndarray) -> int:
         return max(len(tokens) - 1, 0) // self.page_tokens
 
-    def _resume(self, path: PathMatch) -> _Resume:
-        best = _Resume(0, None, 0, None)
-        pages, device_pages, device_prefix = 0, 0, True
-        for node, used in path.segments:
-            if device_prefix and node.on_device:
-                device_pages += used
-            else:
-                device_prefix = False
-            pages += used
-            full = used == node.num_pages
-            snap = node.snapshot if full else None
-            if not self.has_state:
-                best = _Resume(pages, node if full else None, device_pages, None)
-            elif snap is not None and not snap.empty:
-                best = _Resume(pages, node, device_pages, snap)
-        return best._replace(device_pages=min(best.device_pages, best.pages))
-
     def match(self, tokens: object) -> MatchResult:
         """Find the usable prefix of ``tokens`` across the device and host tiers."""
         toks = as_tokens(tokens)
         max_pages = self._max_pages(toks)
         path = self.tree.walk(toks, max_pages)
-        r = self._resume(path)
+        r = self.tree.resume_point(path)
         hist = path.num_pages
         P = self.page_tokens
         l3 = chain_hashes(self.tree.hash_seed, path.last_hash, toks[hist * P: max_pages * P], P)
@@ -116,19 +95,6 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
                            snapshot_tier=tier, history_tokens=hist * P, l3_hashes=tuple(l3))
 
     # -- load ---------------------------------------------------------------------------
-    def _node_at(self, path: PathMatch, pages: int) -> TreeNode:
-        """The node ending exactly ``pages`` pages deep on ``path``, splitting one if needed."""
-        if pages == 0:
-            return self.tree.root
-        seen = 0
-        for node, _ in path.segments:
-            if seen + node.num_pages == pages:
-                return node
-            if seen + node.num_pages > pages:
-                return self.tree.split(node, pages - seen)
-            seen += node.num_pages
-        raise AssertionError(f"boundary {pages} is past the matched path")
-
     def load(self, match: MatchResult, *, start: bool = True) -> Lease:
         """Lock the usable prefix of ``match`` and queue the loads it needs from the host.
 
@@ -140,16 +106,16 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
         self._check_open()
         toks = match.tokens
         path = self.tree.walk(toks, self._max_pages(toks))
-        r = self._resume(path)
-        node = self._node_at(path, r.pages)
+        r = self.tree.resume_point(path)
+        node = self.tree.node_at(path, r.pages)
         self._pin(node, r.snapshot, +1)  # before making room: eviction must not take them
         loads = self._queue_load(node, r.snapshot)
         if loads is None:
             self._pin(node, r.snapshot, -1)
             self.counters.load_fallbacks += 1
             path = self.tree.walk(toks, self._max_pages(toks))  # a split may have changed it
-            r = self._device_resume(path)
-            node = self._node_at(path, r.pages)
+            r = self.tree.resume_point(path, device_only=True)
+            node = self.tree.node_at(path, r.pages)
             self._pin(node, r.snapshot, +1)
             loads = []
         lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * self.page_tokens,
@@ -206,23 +172,10 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
     def _pin(self, node: TreeNode, snap: Snapshot | None, delta: int) -> None:
         self.tree.lock(node, delta)
         if snap is not None:
-            snap.lock += delta
-
-    def _device_resume(self, path: PathMatch) -> _Resume:
-        """The deepest resume point that needs no load (fallback when the device is full)."""
-        best = _Resume(0, None, 0, None)
-        pages = 0
-        for node, used in path.segments:
-            if not node.on_device:
-                break
-            pages += used
-            full = used == node.num_pages
-            s = node.snapshot if full else None
-            if not self.has_state:
-                best = _Resume(pages, node if full else None, pages, None)
-            elif s is not None and s.device_id is not None:
-                best = _Resume(pages, node, pages, s)
-        return best
+            if delta > 0:
+                snap.lock += delta
+            else:
+                self._unlock_snapshot(snap)
 
     def _queue_load(self, node: TreeNode, snap: Snapshot | None) -> list[Load] | None:
         """Allocate device rows for every shadow page up to ``node`` and for the snapshot.
@@ -260,6 +213,7 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
             # may ack the page load first, and its exclusive-tier release must not free the
             # host row this snapshot load is about to read.
             self._loading_snaps[id(snap)] = None
+            snap.loading = True  # the tree's eviction order leaves it (and its node) out
         return loads
 
     # -- requests' pages ----------------------------------------------------------------
@@ -334,7 +288,8 @@ class HiCache(PublishMixin, ResidencyMixin, L3Mixin):
                 out[f"{tier}_{source}s_total"] = pools.capacity(source)
         out["running_requests"] = len(self._leases)
         l3 = self.l3_stats()
-        out["l3_errors"] = sum(l3.get("faults", {}).values()) if l3 else 0
+        # faults are counted by type ("timeout") and by operation ("get.timeout"): one of each
+        out["l3_errors"] = sum(v for k, v in l3.get("faults", {}).items() if "." not in k) if l3 else 0
         out["l3_rejected"] = sum(l3.get("rejected", {}).values()) if l3 else 0
         out["hit_rate"] = self.counters.hit_tokens / self.counters.match_tokens if self.counters.match_tokens else 0.0
         return out

@@ -70,10 +70,14 @@ def check_cache(cache: "HiCache") -> None:
     _expect("host snapshots", host_snaps, cache.pools.host.anchors["state"].used_ids())
 
     locks, host_locks, snap_locks = Counter(), Counter(), Counter()
-    for pf in cache._open_prefetches:  # an open prefetch pins the prefix it extends
-        if pf.pinned is not None:
-            for n in pf.pinned.iter_ancestors():
-                locks[n.node_id] += 1
+    pins = Counter()
+    for pf in cache._open_prefetches:  # an open prefetch keeps the prefix it extends in the tree
+        if pf.pinned is not None and not pf.pinned.is_root:
+            pins[pf.pinned] += 1
+    assert pins == Counter(cache._prefetch_pins), "prefetch pins do not match the open prefetches"
+    for n in pins:
+        assert n.parent is not None and n.parent.children.get(n.first_page_key(cache.page_tokens)) is n, \
+            f"{n}: a prefetch-pinned node left the tree"
     for lease in leases:
         assert lease._locked_node is not None, f"lease {lease.lease_id} holds no lock"
         for n in lease._locked_node.iter_ancestors():
@@ -106,6 +110,12 @@ def check_cache(cache: "HiCache") -> None:
         if n.snapshot is not None:
             assert n.snapshot.lock == snap_locks[id(n.snapshot)], f"{n}: snapshot lock count is off"
             assert not n.snapshot.empty, f"{n}: empty snapshot left attached"
+            assert n.snapshot.loading == (id(n.snapshot) in cache._loading_snaps), \
+                f"{n}: Snapshot.loading disagrees with the loads in flight"
+    for snap, node in cache._orphans.items():  # nothing silently kept: each still has a holder
+        assert node.snapshot is snap and snap.provisional_owner is None, f"{node}: stale orphan snapshot"
+        assert snap.lock or snap.backup_pending or snap.put_pending or id(snap) in cache._loading_snaps, \
+            f"{node}: an orphaned provisional snapshot nobody holds was kept"
     live = {id(h) for h in cache._handles.values()}
     for n in nodes:
         assert n.load_ticket is None or id(n.load_ticket) in live, f"{n}: load ticket of no in-flight copy"

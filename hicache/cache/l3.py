@@ -59,6 +59,11 @@ def _cut_to_landed(result, plan, landed_pages: int):
 class _Put:
     nodes: list[TreeNode] = field(default_factory=list)
     snap: Snapshot | None = None
+    snap_node: TreeNode | None = None
+    attempt: int = 0        # 0: the first put of these host copies; n: the n-th retry
+
+
+MAX_PUT_RETRIES = 3  # a put the backend keeps refusing (not a fault: a full store) gives up
 
 
 class L3Mixin:
@@ -70,7 +75,12 @@ class L3Mixin:
         self.prefetcher: Prefetcher | None = None
         self._prefetch_rows: list[Prefetch] = []   # fetched rows awaiting the worker's settle
         self._open_prefetches: list[Prefetch] = []  # started, not finished: their prefix is pinned
+        self._prefetch_pins: dict[TreeNode, int] = {}  # prefix end -> open prefetches below it
         self._puts: dict[int, tuple[object, _Put]] = {}
+        # Host copies whose L3 put was dropped, refused or failed, with the retries spent:
+        # re-queued from poll() while the breaker is closed and the queue has room.
+        self._unstored: dict[TreeNode, int] = {}
+        self._unstored_snaps: dict[Snapshot, tuple[TreeNode, int]] = {}
         if cfg.url == NO_L3:
             return
         self.store = L3Store(open_backend(cfg.url), self.layout.fingerprint, cfg.salt)
@@ -99,19 +109,27 @@ class L3Mixin:
         path = self.tree.walk(match.tokens, base)
         if path.num_pages < base:
             return None  # the tree changed since the match: match again
-        # Pin the prefix until the fetched pages are inserted below it: making room for
-        # the fetch must not evict the very pages it extends.
-        node = self._node_at(path, base)
-        self.tree.lock(node)
+        # Keep the prefix in the tree until the fetched pages are inserted below it:
+        # making room for the fetch must not evict the very pages it extends. The pin
+        # keeps the node from being *removed* (host eviction, dropping a device-only
+        # subtree); it does not hold device pages -- a prefetch waiting for its request to
+        # be scheduled must never starve running requests of device room.
+        node = self.tree.node_at(path, base)
+        if not node.is_root:
+            self._prefetch_pins[node] = self._prefetch_pins.get(node, 0) + 1
         op = self.prefetcher.start(list(match.l3_hashes), need_state=self.has_state)
         pf = Prefetch(op, match.tokens, base, pinned=node)
         self._open_prefetches.append(pf)
         return pf
 
     def _unpin(self, pf: Prefetch) -> None:
-        if pf.pinned is not None:
-            self.tree.lock(pf.pinned, -1)
-            pf.pinned = None
+        node, pf.pinned = pf.pinned, None
+        if node is not None and not node.is_root:
+            left = self._prefetch_pins[node] - 1
+            if left:
+                self._prefetch_pins[node] = left
+            else:
+                del self._prefetch_pins[node]
         if pf in self._open_prefetches:
             self._open_prefetches.remove(pf)
 
@@ -207,37 +225,50 @@ class L3Mixin:
         self._prefetch_rows = keep
 
     # -- backup to L3 -------------------------------------------------------------------
-    def _l3_put_pages(self, nodes: list[TreeNode]) -> None:
+    def _l3_put_pages(self, nodes: list[TreeNode], *, attempt: int = 0) -> int:
+        """Queue the host copies of ``nodes`` not yet in L3; returns objects queued."""
         if self.store is None:
-            return
+            return 0
         nodes = [n for n in nodes if n.host_ids is not None and not n.l3_stored]
         if not nodes:
-            return
+            return 0
         hashes = [h for n in nodes for h in n.hashes]
         srcs = [self._host_object("page", int(r)) for n in nodes for r in n.host_ids]
         ticket = self.store.put_async(hashes, "page", srcs)
         if ticket.done and ticket.dropped:
             self.counters.l3_put_dropped += 1
-            return
+            self._remember_unstored(nodes, attempt)
+            return 0
         for n in nodes:  # pin the host rows until the put has read them
             n.l3_put = ticket
             n.lock_host += 1
             n.l3_stored = True
-        self._puts[id(ticket)] = (ticket, _Put(nodes=nodes))
+        self._puts[id(ticket)] = (ticket, _Put(nodes=nodes, attempt=attempt))
+        return len(hashes)
 
-    def _l3_put_snapshot(self, node: TreeNode, snap: Snapshot) -> None:
+    def _l3_put_snapshot(self, node: TreeNode, snap: Snapshot, *, attempt: int = 0) -> int:
         if self.store is None or snap.host_id is None or snap.put_pending or not node.hashes:
-            return
+            return 0
         src = self._host_object("state", snap.host_id)
         ticket = self.store.put_async([node.hashes[-1]], "state", [src])
         if ticket.done and ticket.dropped:
             self.counters.l3_put_dropped += 1
-            return
+            self._unstored_snaps[snap] = (node, attempt)
+            return 0
         snap.put_pending = True
-        self._puts[id(ticket)] = (ticket, _Put(snap=snap))
+        self._puts[id(ticket)] = (ticket, _Put(snap=snap, snap_node=node, attempt=attempt))
+        return 1
+
+    def _remember_unstored(self, nodes: list[TreeNode], attempt: int) -> None:
+        for n in nodes:
+            if attempt < MAX_PUT_RETRIES:
+                self._unstored[n] = max(self._unstored.get(n, 0), attempt)
+            else:
+                self.counters.l3_put_abandoned += n.num_pages
 
     def _finish_put(self, put: _Put, ticket) -> None:
         seen: set[int] = set()
+        failed: list[TreeNode] = []
         for start in put.nodes:
             for n in start.iter_ancestors():  # splits share the ticket with new parents
                 if n.l3_put is not ticket or n.node_id in seen:
@@ -246,16 +277,64 @@ class L3Mixin:
                 n.l3_put = None
                 n.lock_host -= 1
                 n.l3_stored = ticket.ok
+                if not ticket.ok:
+                    failed.append(n)
                 if n in self._release_after_put:  # loaded while this put read the host rows
                     self._release_after_put.discard(n)
                     self._release_host_copy(n)
+        self._remember_unstored([n for n in failed if n.on_host], put.attempt)
         if put.snap is not None:
             put.snap.put_pending = False
+            if not ticket.ok:
+                if put.attempt < MAX_PUT_RETRIES:
+                    self._unstored_snaps[put.snap] = (put.snap_node, put.attempt)
+                else:
+                    self.counters.l3_put_abandoned += 1
             if put.snap in self._release_after_put:
                 self._release_after_put.discard(put.snap)
                 self._release_host_snapshot(put.snap)
+            self._settle_orphan(put.snap)
         self.counters.l3_put_objects += sum(ticket.stored or []) if ticket.ok else 0
         self.counters.l3_put_dropped += bool(ticket.dropped)
+
+    def _retry_l3_puts(self) -> None:
+        """Re-queue host copies an earlier put did not store, while L3 takes them.
+
+        Only while the breaker is closed and the backup queue has room, so an outage
+        costs nothing per step; each copy is retried up to ``MAX_PUT_RETRIES`` times (a
+        backend that refuses values, a full store, must not be asked forever). A split
+        leaves the unstored upper part of a node above it: the walk up collects it too.
+        """
+        room = self.store.backup_room() if (self._unstored or self._unstored_snaps) else 0
+        batch: list[TreeNode] = []
+        attempt = 0
+        while self._unstored and room > 0:
+            node = next(iter(self._unstored))
+            tries = self._unstored.pop(node)
+            for n in node.iter_ancestors():
+                if not n.on_host or n.l3_stored or n.l3_put is not None or n in batch:
+                    break
+                batch.append(n)
+                room -= n.num_pages
+            attempt = max(attempt, tries + 1)
+        if batch:
+            self.counters.l3_put_retries += self._l3_put_pages(batch, attempt=attempt)
+        while self._unstored_snaps and room > 0:
+            snap = next(iter(self._unstored_snaps))
+            node, tries = self._unstored_snaps.pop(snap)
+            if node.snapshot is snap and node.parent is not None:
+                sent = self._l3_put_snapshot(node, snap, attempt=tries + 1)
+                self.counters.l3_put_retries += sent
+                room -= sent
+
+    def _forget_unstored(self, node: TreeNode) -> None:
+        """``node`` leaves the tree: an unstored host parent (a split's upper part) inherits
+        its place in the retry queue."""
+        tries = self._unstored.pop(node, None)
+        parent = node.parent
+        if (tries is not None and parent is not None and not parent.is_root and parent.on_host
+                and not parent.l3_stored):
+            self._unstored.setdefault(parent, tries)
 
     def _poll_l3(self) -> None:
         if self.store is None:
@@ -264,6 +343,7 @@ class L3Mixin:
             entry = self._puts.pop(id(ticket), None)
             if entry is not None:
                 self._finish_put(entry[1], ticket)
+        self._retry_l3_puts()
         self._free_settled_prefetches()
 
     def _drain_l3(self, timeout: float | None) -> None:

@@ -13,11 +13,13 @@ newest snapshot it published.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from hicache.errors import MisuseError
 from hicache.tree import Snapshot, TreeNode
 
 
@@ -48,6 +50,7 @@ class Lease:
     _unpublished_snapshots: set[int] = field(default_factory=set)
     _deps: list[Any] = field(default_factory=list)
     _step: Any = None  # callable that launches queued copies (so wait() cannot deadlock)
+    _owner: int = field(default_factory=threading.get_ident)  # the engine thread that made it
 
     @property
     def resume_pages(self) -> int:
@@ -67,9 +70,20 @@ class Lease:
 
         Returns False if a load failed; the engine should then release the lease and
         recompute. Waiting per layer lets layer N compute while later layers still load.
+
+        Thread contract: any thread may wait (a forward thread waiting per layer) -- waiting
+        only blocks on the copies' completion events. Launching copies is the engine
+        thread's job (``cache.step()``; ``load()`` launches unless ``start=False``): if a
+        load this lease needs was never launched, the engine thread that made the lease
+        launches it here, and any other thread gets a :class:`MisuseError` instead of
+        touching the controller.
         """
-        if self._deps and self._step is not None:
-            self._step()
+        if any(h.status == "pending" for h in self._deps):
+            if threading.get_ident() != self._owner:
+                raise MisuseError("lease.wait() from another thread before its loads were launched: "
+                                  "call cache.step() on the engine thread first")
+            if self._step is not None:
+                self._step()
         for h in self._deps:
             done = h.wait(timeout=timeout) if layer is None else h.wait_layer(layer, timeout=timeout)
             if not done:

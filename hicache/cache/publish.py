@@ -17,10 +17,25 @@ from hicache.errors import MisuseError
 from hicache.tree import Boundary, Decision, Snapshot, TreeNode
 
 
+TOKEN_LIMIT = 2 ** 31  # token ids are hashed and compared as int32
+
+
 def as_tokens(tokens: object) -> np.ndarray:
+    """``tokens`` as a contiguous int32 array, or :class:`MisuseError`.
+
+    Ids must be integers in ``[0, 2**31)``: the tree and the page hashes see int32, so a
+    larger id would wrap and two different prompts would alias (and share KV).
+    """
     arr = np.asarray(tokens)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+    if arr.ndim != 1 or (arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer))):
         raise MisuseError(f"tokens must be a 1-D sequence of integers, got shape {arr.shape} {arr.dtype}")
+    if arr.size and arr.dtype != np.int32:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= TOKEN_LIMIT:
+            bad = lo if lo < 0 else hi
+            raise MisuseError(f"token id {bad} is outside [0, 2**31)")
+    elif arr.size and int(arr.min()) < 0:
+        raise MisuseError(f"token id {int(arr.min())} is outside [0, 2**31)")
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
@@ -52,20 +67,19 @@ class PublishMixin:
             raise MisuseError("publish with tokens that differ from the lease's matched prefix")
         if snapshot_id is not None and snapshot_id not in lease._unpublished_snapshots:
             raise MisuseError(f"snapshot {snapshot_id} was not allocated for this lease")
-        table = np.asarray(lease.page_table[:num_pages], np.int64)
-        res = self.tree.insert(toks[: num_pages * P], table)
+        table = np.asarray(lease.page_table[lease.published_pages:num_pages], np.int64)
+        res = self.tree.insert(toks, table, start=lease._locked_node)
         if res.duplicates.size:
             self._free("device", "page", res.duplicates)
             lease.owned.difference_update(res.duplicates.tolist())
-        lease.page_table[:num_pages] = res.page_ids.tolist()
+        lease.page_table[lease.published_pages:num_pages] = res.page_ids.tolist()
         private = set(res.private.tolist())
         published = num_pages if not private else min(private)
         for i in range(lease.published_pages, published):
             lease.owned.discard(lease.page_table[i])
         self.counters.published_pages += max(published - lease.published_pages, 0)
         self.counters.duplicate_pages += int(res.duplicates.size)
-        self.tree.lock(res.last)
-        self.tree.lock(lease._locked_node, -1)
+        self.tree.move_lock(lease._locked_node, res.last)
         lease._locked_node = res.last
         lease.published_pages = max(published, lease.published_pages)
         lease.tokens = toks
@@ -98,9 +112,13 @@ class PublishMixin:
                 self._free("device", "state", [sid])
                 c.snapshots_duplicate += 1
                 outcome = "duplicate"
-            if decision is Decision.KEEP and snap.provisional_owner is not None:
+            if decision is Decision.KEEP and (snap.provisional_owner is not None or snap in self._orphans):
                 snap.provisional_owner = None  # a provisional snapshot promoted by a keeper
+                self._orphans.pop(snap, None)
                 outcome = "kept"
+            elif snap in self._orphans:        # an orphan's new owner: it goes when this one moves on
+                del self._orphans[snap]
+                snap.provisional_owner = lease.lease_id
         else:
             snap = node.snapshot = Snapshot(device_id=sid)
             if decision is Decision.PROVISIONAL:
@@ -122,20 +140,35 @@ class PublishMixin:
         return outcome
 
     def _pin_newest(self, lease: Lease, snap: Snapshot | None) -> None:
-        if lease._newest_snapshot is not None:
-            lease._newest_snapshot.lock -= 1
-        lease._newest_snapshot = snap
+        old, lease._newest_snapshot = lease._newest_snapshot, snap
         if snap is not None:
             snap.lock += 1
+        if old is not None:
+            self._unlock_snapshot(old)
+
+    def _unlock_snapshot(self, snap: Snapshot) -> None:
+        snap.lock -= 1
+        assert snap.lock >= 0, "snapshot unlocked below zero"
+        self._settle_orphan(snap)
 
     def _drop_provisional(self, lease: Lease, prev: tuple[TreeNode, Snapshot]) -> None:
+        """The owner of a provisional snapshot moved on: it goes now, or -- when a sibling
+        still resumes from it or a copy reads it -- at its last unlock (an *orphan*)."""
         node, snap = prev
         if snap.provisional_owner != lease.lease_id:
             return
         snap.provisional_owner = None
-        if snap.lock == 0 and not snap.backup_pending and not snap.put_pending \
-                and id(snap) not in self._loading_snaps \
-                and node.snapshot is snap:
+        if node.snapshot is snap:
+            self._orphans[snap] = node
+            self._settle_orphan(snap)
+
+    def _settle_orphan(self, snap: Snapshot) -> None:
+        """Drop an orphaned provisional snapshot once nothing holds or reads it (counted)."""
+        node = self._orphans.get(snap)
+        if node is None or snap.lock or snap.backup_pending or snap.put_pending or id(snap) in self._loading_snaps:
+            return
+        del self._orphans[snap]
+        if node.snapshot is snap:
             self._drop_snapshot(node)
             self.counters.snapshots_dropped_retention += 1
 
@@ -144,8 +177,8 @@ class PublishMixin:
         self._lease(lease)
         self._pin_newest(lease, None)
         if lease._resume_snapshot is not None:
-            lease._resume_snapshot.lock -= 1
-            lease._resume_snapshot = None
+            snap, lease._resume_snapshot = lease._resume_snapshot, None
+            self._unlock_snapshot(snap)
         if lease._provisional is not None:
             self._drop_provisional(lease, lease._provisional)
             lease._provisional = None

@@ -61,11 +61,6 @@ class ResidencyMixin:
     """Eviction, backup and ack handling; expects the attributes HiCache sets up."""
 
     # -- helpers ------------------------------------------------------------------------
-    def _busy(self, node: TreeNode) -> bool:
-        snap = node.snapshot
-        return node.load_ticket is not None or (snap is not None and (snap.backup_pending or snap.put_pending or
-                                                                       id(snap) in self._loading_snaps))
-
     def _free(self, tier: str, source: str, ids: Iterable[int] | np.ndarray) -> None:
         arr = np.asarray(list(ids) if not isinstance(ids, np.ndarray) else ids, np.int64)
         if arr.size:
@@ -81,31 +76,30 @@ class ResidencyMixin:
         if snap.host_id is not None:
             self._free("host", "state", [snap.host_id])
         node.snapshot = None
+        self._orphans.pop(snap, None)
 
     def _remove_subtree(self, node: TreeNode) -> int:
         """Free every copy under and including ``node`` and detach it; returns host pages freed."""
-        freed = 0
-        order, stack = [], [node]
-        while stack:
-            n = stack.pop()
-            order.append(n)
-            stack.extend(n.children.values())
-        for n in reversed(order):  # children first
-            assert n.lock_device == 0 and n.lock_host == 0, f"removing locked {n}"
-            if n.device_ids is not None:
-                self._free("device", "page", n.device_ids)
-                n.device_ids = None
-            if n.host_ids is not None:
-                freed += len(n.host_ids)
-                self._free("host", "page", n.host_ids)
-                n.host_ids = None
-            self._drop_snapshot(n)
-            self.tree.remove(n)
-        return freed
+        removed = self.tree.remove_subtree(node, on_detach=self._forget_unstored if self.store is not None else None)
+        self._free("device", "page", removed.device_pages)
+        self._free("host", "page", removed.host_pages)
+        self._free("device", "state", removed.device_snapshots)
+        self._free("host", "state", removed.host_snapshots)
+        for snap in removed.snapshots:
+            self._orphans.pop(snap, None)
+        return len(removed.host_pages)
 
     def _alloc(self, tier: str, source: str, n: int):
+        """Allocate ``n`` ids, evicting if needed -- but only when eviction can succeed.
+
+        Feasibility comes first: a request for more than the tier could ever free (its
+        capacity, or what is free plus what is not pinned) is refused with nothing evicted,
+        so an impossible ask never wipes the cache for nothing.
+        """
         pools = getattr(self.pools, tier)
         short = n - pools.num_free(source)
+        if short > 0 and (n > pools.capacity(source) or short > self.tree.evictable(tier, source)):
+            return pools.alloc(source, n)  # NoRoom: nothing allocated, nothing evicted
         if short > 0:
             evict = {("device", "page"): self._evict_device_pages,
                      ("host", "page"): self._evict_host_pages,
@@ -115,20 +109,10 @@ class ResidencyMixin:
         return pools.alloc(source, n)
 
     # -- eviction -----------------------------------------------------------------------
-    def _subtree_pinned(self, node: TreeNode) -> bool:
-        """True if dropping ``node`` would remove a copy someone is reading (load, put)."""
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if n.lock_host or n.lock_device or self._busy(n):
-                return True
-            stack.extend(n.children.values())
-        return False
-
     def _drop_device_copy(self, node: TreeNode) -> bool:
         """Evict ``node``'s device pages: demote if it has a host copy, else drop the node
         (and its shadow subtree). False if it must stay (something reads the subtree)."""
-        if not node.on_host and self._subtree_pinned(node):
+        if not node.on_host and self.tree.subtree_pinned(node, busy=self._prefetch_pins.__contains__):
             return False
         ids, node.device_ids = node.device_ids, None
         self._free("device", "page", ids)
@@ -153,7 +137,7 @@ class ResidencyMixin:
     def _evict_device_pass(self, need: int) -> int:
         freed, to_backup = 0, []
         write_back = self.config.write.write_policy == "write_back"
-        for node in device_victims(self.tree, self.strategy, busy=self._busy):
+        for node in device_victims(self.tree, self.strategy):
             if freed >= need:
                 break
             if write_back and not node.on_host:
@@ -178,7 +162,7 @@ class ResidencyMixin:
         for node in host_victims(self.tree, self.strategy):
             if freed >= need:
                 break
-            if self._busy(node) or (node.snapshot is not None and node.snapshot.lock):
+            if node.busy or (node.snapshot is not None and node.snapshot.lock) or node in self._prefetch_pins:
                 continue
             freed += self._remove_subtree(node)
             self.counters.host_evicted_pages += node.num_pages
@@ -206,6 +190,7 @@ class ResidencyMixin:
                 self.counters.snapshots_evicted_device += 1
             if snap.empty and node.snapshot is snap:
                 node.snapshot = None
+                self._orphans.pop(snap, None)
             freed += 1
         if to_backup:
             self._backup_snapshots(to_backup, sync=True)
@@ -215,6 +200,7 @@ class ResidencyMixin:
                 if snap.empty:
                     self.counters.snapshots_evicted_device += 1
                     node.snapshot = None
+                    self._orphans.pop(snap, None)
         return freed
 
     # -- backups ------------------------------------------------------------------------
@@ -251,23 +237,54 @@ class ResidencyMixin:
 
     def _submit(self, direction: str, source: str, src: np.ndarray, dst: np.ndarray, tag: Any,
                 *, sync: bool = False):
-        """Queue one copy; under backpressure, drain what is in flight and queue again."""
+        """Queue one copy; under backpressure, wait for in-flight copies and queue again.
+
+        Never applies an ack of another copy: waiting for room only *collects* finished
+        acks (:meth:`_collect_acks`); they take effect in :meth:`poll`/:meth:`drain`, between
+        engine calls. ``load()``, ``alloc_pages()`` and ``publish()`` therefore see a tree
+        that changes only by what they do themselves -- a load that failed meanwhile keeps
+        its ticket (and its lease sees the failure) until the engine polls. ``sync=True``
+        (write_back eviction) waits for this copy and applies its own ack alone.
+        """
         handle = self.ctl.copy(direction, source, src, dst, tag=tag)
-        if not isinstance(handle, (CopyHandle, LoadHandle)):  # QueueFull
-            self.drain()
+        while not isinstance(handle, (CopyHandle, LoadHandle)):  # QueueFull
+            self._wait_for_queue_room()
             handle = self.ctl.copy(direction, source, src, dst, tag=tag)
-            assert isinstance(handle, (CopyHandle, LoadHandle)), f"queue still full after a drain: {handle}"
         self._inflight[id(tag)] = tag
         self._handles[id(tag)] = handle
         if sync:
             self.ctl.step()
             handle.wait()
-            self._process_acks()
+            self._collect_acks()
+            self._apply_acks(own=tag)
         return handle
 
+    def _wait_for_queue_room(self) -> None:
+        """Launch what is queued and wait for every in-flight copy; collect, not apply, acks."""
+        self.ctl.step()
+        for handle in list(self._handles.values()):
+            handle.wait()
+        before = len(self._acks)
+        self._collect_acks()
+        assert len(self._acks) > before, "transfer queue full with no copy in flight"
+
     # -- acks ---------------------------------------------------------------------------
+    def _collect_acks(self) -> None:
+        """Take finished acks from the controller (freeing queue room) without applying them."""
+        self._acks.extend(self.ctl.poll())
+
     def _process_acks(self) -> int:
-        acks = self.ctl.poll()
+        """Apply every finished ack (only from ``poll``/``drain``: never inside an engine call)."""
+        self._collect_acks()
+        return self._apply_acks()
+
+    def _apply_acks(self, own: Any = None) -> int:
+        """Apply collected acks in submission order; ``own``: only the ack of that tag."""
+        if own is None:
+            acks, self._acks = self._acks, []
+        else:
+            acks = [a for a in self._acks if a.tag is own]
+            self._acks = [a for a in self._acks if a.tag is not own]
         for ack in acks:
             tag = ack.tag
             self._inflight.pop(id(tag), None)
@@ -283,6 +300,7 @@ class ResidencyMixin:
                 else:
                     self._free("host", "state", [tag.dst])
                     self.counters.backup_failures += not ack.ok
+                self._settle_orphan(tag.snap)
             elif isinstance(tag, Load):
                 self._ack_load(tag, ack.ok)
             self._handles.pop(id(tag), None)
@@ -320,7 +338,10 @@ class ResidencyMixin:
         """
         if self.config.write.host_tier != "exclusive":
             return
-        if node.host_ids is None or node.device_ids is None or node.lock_host or node.backup_pending:
+        if node.host_ids is None or node.device_ids is None or node.backup_pending:
+            return
+        # lock_host counts every reader of the host rows: in-flight loads and the L3 put.
+        if node.lock_host > (node.l3_put is not None):
             return  # another load still reads the host rows: the last one frees them
         if node.l3_put is not None:
             self._release_after_put.add(node)  # the put reads them: it frees them when done
@@ -367,11 +388,13 @@ class ResidencyMixin:
                 node.device_ids = None
         if tag.snap is not None:
             self._loading_snaps.pop(id(tag.snap), None)
+            tag.snap.loading = False
             if ok:
                 self._release_host_snapshot(tag.snap)
             else:
                 self._free("device", "state", [tag.snap.device_id])
                 tag.snap.device_id = None
+            self._settle_orphan(tag.snap)
         if ok:
             self.counters.loaded_pages += sum(n.num_pages for n in done)
             self.counters.snapshots_loaded += tag.snap is not None

@@ -96,6 +96,8 @@ class CacheStats:
     l3_prefetched_pages: int = 0
     l3_put_objects: int = 0
     l3_put_dropped: int = 0
+    l3_put_retries: int = 0      # objects re-queued after a dropped, refused or failed put
+    l3_put_abandoned: int = 0    # objects given up on after MAX_PUT_RETRIES retries
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import statistics
@@ -35,7 +34,9 @@ import time
 from typing import Callable, Optional
 
 import numpy as np
+import psutil
 
+from hicache.cli.common import at_least, positive_number, print_json
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
 from hicache.storage import L3Config, L3Store, open_backend
@@ -65,14 +66,17 @@ def _timed(fn: Callable[[], object]) -> tuple[float, object]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.object_mib > 0:
-        raise ConfigError("--object-mib", args.object_mib, "must be > 0")
-    if args.objects < 1:
-        raise ConfigError("--objects", args.objects, "must be >= 1")
-    if args.rounds < 1:
-        raise ConfigError("--rounds", args.rounds, "must be >= 1")
-    obj = int(args.object_mib * (1 << 20))
+    positive_number("--object-mib", args.object_mib)
+    at_least("--objects", args.objects, 1)
+    at_least("--rounds", args.rounds, 1)
+    obj = max(1, int(args.object_mib * (1 << 20)))
     n = args.objects
+    # source, destination and the limit's scratch copy, plus a 2 GiB reserve
+    need, avail = 3 * n * obj, psutil.virtual_memory().available - (2 << 30)
+    if need > avail:
+        raise ConfigError("--object-mib", args.object_mib,
+                          f"{n} objects need about {need / (1 << 30):.1f} GiB of memory but "
+                          f"{max(avail, 0) / (1 << 30):.1f} GiB is available; use smaller or fewer objects")
     backend = open_backend(args.url)
     scheme = args.url.partition("://")[0].lower()
     salt = os.urandom(8).hex()
@@ -136,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         "samples": rows,
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json(out)
         return 0 if verified else 1
 
     def fmt(v: Optional[float]) -> Optional[float]:
@@ -217,8 +221,9 @@ class _PlainFiles(_Limit):
 
 class _RedisBenchmark(_Limit):
     def __init__(self, base: list[str], obj: int, n: int, conns: int, pipeline: int, cleanup_node,
-                 target: str):
+                 target: str, secret: Optional[str]):
         self.target = target
+        self.secret = secret
         self.base, self.obj, self.n = base, obj, n
         self.configs = [["-c", str(conns), "-P", str(pipeline)], ["-c", "50", "-P", "1"]]
         self.name = f"redis-benchmark (best of -c {conns} -P {pipeline} and -c 50)"
@@ -236,8 +241,10 @@ class _RedisBenchmark(_Limit):
             if len(parts) >= 2 and parts[0] in ("SET", "GET"):
                 rps[parts[0]] = float(parts[1])
         if set(rps) != {"SET", "GET"}:
-            raise ConfigError("--url", self.target, "redis-benchmark failed: "
-                              + (out.stderr.strip() or out.stdout.strip())[:200])
+            said = out.stderr.strip() or out.stdout.strip()
+            if self.secret:  # its command line holds the password (-a); never echo it back
+                said = said.replace(self.secret, "***")
+            raise ConfigError("--url", self.target, "redis-benchmark failed: " + said[:200])
         return rps["SET"] * self.obj / GB, rps["GET"] * self.obj / GB
 
     def measure(self) -> tuple[float, float]:
@@ -276,7 +283,7 @@ def _limit_runner(scheme: str, url: str, backend, obj: int, n: int, src, dst) ->
         def clean() -> None:
             node.del_raw(["key:__rand_int__"])
     if opts.password is not None:
-        base += ["-a", opts.password, "--no-auth-warning"]
+        base += ["-a", opts.password]  # redis-benchmark 7 has no --no-auth-warning
         if opts.username:
             base += ["--user", opts.username]
     if opts.tls:
@@ -287,7 +294,7 @@ def _limit_runner(scheme: str, url: str, backend, obj: int, n: int, src, dst) ->
             base += ["--cert", opts.ssl_certfile, "--key", opts.ssl_keyfile or opts.ssl_certfile]
         if opts.ssl_cert_reqs == "none":
             base += ["--insecure"]
-    return _RedisBenchmark(base, obj, n, opts.connections, opts.pipeline, clean, mask_url(url))
+    return _RedisBenchmark(base, obj, n, opts.connections, opts.pipeline, clean, mask_url(url), opts.password)
 
 
 def _redis_py_runner(url: str, store: L3Store, hashes: list, dst: np.ndarray):
@@ -308,7 +315,7 @@ def _redis_py_runner(url: str, store: L3Store, hashes: list, dst: np.ndarray):
         common = dict(db=o.db, username=o.username, password=o.password)
         client = (redis.Redis(unix_socket_path=ep.path, **common) if ep.path else
                   redis.Redis(host=ep.host, port=ep.port, ssl=o.tls, ssl_ca_certs=o.ssl_ca_certs,
-                              ssl_cert_reqs=o.ssl_cert_reqs, **common))
+                              ssl_cert_reqs=o.ssl_cert_reqs, ssl_check_hostname=o.ssl_check_hostname, **common))
     hdr = 64
     batch = 16
 

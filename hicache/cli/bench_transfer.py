@@ -15,7 +15,6 @@ its source and every other row of the destination pools with its old bytes.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -24,7 +23,7 @@ import numpy as np
 import psutil
 import torch
 
-from hicache.cli.common import resolve_config
+from hicache.cli.common import print_json, resolve_config
 from hicache.cli.table import render_table
 from hicache.config import load_config
 from hicache.errors import ConfigError
@@ -315,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         "threads": torch.get_num_threads(),
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json(out)
     else:
         _print_table(out)
     return 0 if verified else 1

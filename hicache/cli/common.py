@@ -1,8 +1,12 @@
-"""Helpers shared by the subcommands."""
+"""Helpers shared by the subcommands: config names, checked flag values, outputs, JSON."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 from pathlib import Path
+from typing import Any
 
 from hicache.errors import ConfigError
 
@@ -20,3 +24,69 @@ def resolve_config(name: str) -> Path:
             return candidate
     known = sorted(c.stem for c in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
     raise ConfigError("config", name, "no such file" + (f"; known names: {known}" if known else ""))
+
+
+def positive_number(flag: str, value: float | None) -> float | None:
+    """A flag that must be a finite number > 0 (``inf`` and ``nan`` are refused); None passes."""
+    if value is not None and not 0 < value < math.inf:
+        raise ConfigError(flag, value, "must be a finite number > 0")
+    return value
+
+
+def at_least(flag: str, value: int | None, minimum: int) -> int | None:
+    """An integer flag with a lower bound; None passes."""
+    if value is not None and value < minimum:
+        raise ConfigError(flag, value, f"must be >= {minimum}")
+    return value
+
+
+def parse_retention(flag: str, text: str) -> int | None:
+    """``--retention``: a token count, or ``none`` (keep a snapshot at every boundary)."""
+    if text.strip().lower() in ("none", "null", "all"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(flag, text, "must be a token count or 'none'") from None
+    if value < 0:
+        raise ConfigError(flag, value, "must be a token count >= 0 or 'none'")
+    return value
+
+
+def check_output(flag: str, path: str | None) -> None:
+    """Refuse an output file that cannot be written, *before* a long run produces it.
+
+    The file is opened for appending (created if missing, then removed again), which
+    catches a missing directory, a directory in its place and a read-only location.
+    """
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(flag, path, "is a directory; give a file name")
+    if not p.parent.is_dir():
+        raise ConfigError(flag, path, f"directory {str(p.parent)!r} does not exist")
+    existed = p.exists()
+    try:
+        with open(p, "ab"):
+            pass
+    except OSError as exc:
+        raise ConfigError(flag, path, f"cannot be written: {exc.strerror}") from None
+    if not existed:
+        os.unlink(p)
+
+
+def json_safe(obj: Any) -> Any:
+    """``obj`` with every non-finite float replaced by None (JSON has no NaN or Infinity)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    """Print one JSON object that any JSON parser accepts (no NaN, no Infinity)."""
+    print(json.dumps(json_safe(obj), indent=2, allow_nan=False))

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from hicache.cli.common import resolve_config
+from hicache.cli.common import print_json, resolve_config
 from hicache.cli.table import render_table
+from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, format_layers
 from hicache.layout.loaders import layout_from_mapping, load_hf_config, read_config_file
 from hicache.units import format_bytes
@@ -35,7 +35,7 @@ def load_layout(args: argparse.Namespace) -> CacheLayout:
         if not args.hf_config:
             return layout_from_mapping(data.get("layout"), model=model, source=str(path))
     if not args.hf_config:
-        raise SystemExit("hicache layout: error: give a CONFIG file or --hf-config PATH")
+        raise ConfigError("config", None, "give a CONFIG file or --hf-config PATH")
     options = {k: section[k] for k in ("page_tokens", "kv_format", "indexer_format", "include_mtp")
                if k in section}
     hf = load_hf_config(args.hf_config)
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     layout = load_layout(args)
     summary = layout.summary()
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
         return 0
     rows = []
     for fam, item in zip(layout.families, summary["families"]):

@@ -8,14 +8,22 @@ import sys
 from hicache.errors import HiCacheError
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from hicache.cli import bench_cmd, layout_cmd, replay_cmd, stress_cmd, sweep_cmd
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr and exit status 2, like every
+    other bad input (argparse's default adds the whole usage text)."""
 
-    parser = argparse.ArgumentParser(
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hicache.cli import bench_cmd, l3_cmd, layout_cmd, replay_cmd, stress_cmd, sweep_cmd
+
+    parser = OneLineParser(
         prog="hicache", description="Hierarchical KV cache for hybrid-attention serving engines.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (replay_cmd, sweep_cmd, layout_cmd, stress_cmd, bench_cmd):
+    for module in (replay_cmd, sweep_cmd, layout_cmd, stress_cmd, bench_cmd, l3_cmd):
         module.add_parser(sub)
     return parser
 

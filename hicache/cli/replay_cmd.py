@@ -3,7 +3,7 @@
     hicache replay [--config PATH] [--workload synthetic|sharegpt|long-context|long-revisit | --trace FILE]
                    [--conversations N] [--seed S] [--storage URL] [--device-gib X] [--host-gib Y]
                    [--verify full|sample|off] [clock flags] [--json] [--plot FILE.png]
-                   [--requests-out FILE.jsonl]
+                   [--requests-out FILE.jsonl] [--metrics-out FILE.prom]
 
 The default workload is the ``multi-turn`` synthetic preset, 60 conversations. With no
 ``--config`` it runs the main job: the DeepSeek-V4-Flash layout with budgets sized to that
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from hicache.cli.common import resolve_config
+from hicache.cli.common import check_output, parse_retention, positive_number, resolve_config
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
 from hicache.config import HiCacheConfig, load_config
@@ -107,6 +107,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--requests-out", metavar="FILE.jsonl",
                    help="one line per replayed request (trace records kvcache-simulator skips are not "
                         "replayed; trace_line names each request's line)")
+    p.add_argument("--metrics-out", metavar="FILE.prom",
+                   help="write the Prometheus exposition text of the cache's metrics at the end "
+                        "(labels model_name and rank=0; needs prometheus-client)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(func=run)
 
@@ -114,8 +117,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cache_overrides(args: argparse.Namespace) -> dict:
     """The ``cache:`` fields the flags set (budgets in GiB are the caller's)."""
     out: dict = {}
-    if args.storage:
-        out["storage_url"] = args.storage
+    if args.storage is not None:
+        out["storage_url"] = args.storage  # "" too: StorageConfig refuses it rather than ignoring it
     for flag in ("device_pages", "host_pages", "device_snapshots", "host_snapshots"):
         v = getattr(args, flag)
         if v is not None:
@@ -128,20 +131,12 @@ def cache_overrides(args: argparse.Namespace) -> dict:
         if getattr(args, flag):
             out[flag] = getattr(args, flag)
     if args.retention is not None:
-        if args.retention.lower() in ("none", "null", "all"):
-            out["retention_interval"] = None
-        else:
-            try:
-                out["retention_interval"] = int(args.retention)
-            except ValueError:
-                raise ConfigError("--retention", args.retention, "must be a token count or 'none'") from None
+        out["retention_interval"] = parse_retention("--retention", args.retention)
     return out
 
 
 def gib_bytes(flag: str, value: float) -> int:
-    if not value > 0:
-        raise ConfigError(flag, value, "must be > 0")
-    return int(value * GiB)
+    return max(1, int(positive_number(flag, value) * GiB))
 
 
 def budget_overrides(args: argparse.Namespace, device_gib: float | None, host_gib: float | None) -> dict:
@@ -181,8 +176,8 @@ def engine_config(args: argparse.Namespace, path: Path):
     for flag, key, scale in CLOCK_FLAGS:
         v = getattr(args, flag)
         if v is not None:
-            if not v > 0 and not (key == "l3_rtt_s" and v == 0):
-                raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be > 0")
+            if not (key == "l3_rtt_s" and v == 0):
+                positive_number(f"--{flag.replace('_', '-')}", v)
             flags[key] = v * scale
     clock = clock_from_mapping(read_config_file(path).get("engine"), source=str(path), **flags)
     return EngineConfig(max_running=args.max_running, admission=args.admission, verify=args.verify, clock=clock)
@@ -213,8 +208,10 @@ def load_requests(args: argparse.Namespace) -> Workload:
     return Workload(workloads.synthetic(conversations=n, seed=args.seed, preset=preset), {}, f"{preset} x{n}")
 
 
-def replay_once(layout, cfg, ecfg, work: Workload, progress) -> tuple[dict, object]:
-    """One replay of ``work`` on a fresh cache; (summary, engine report)."""
+def replay_once(layout, cfg, ecfg, work: Workload, progress, metrics_out: str | None = None,
+                model_name: str = "") -> tuple[dict, object]:
+    """One replay of ``work`` on a fresh cache; (summary, engine report). ``metrics_out``:
+    write the cache's Prometheus exposition text there at the end."""
     from hicache.cache import HiCache
     from hicache.engine.loop import ReferenceEngine
 
@@ -222,13 +219,29 @@ def replay_once(layout, cfg, ecfg, work: Workload, progress) -> tuple[dict, obje
     try:
         report = ReferenceEngine(cache, ecfg, progress=progress).run(work.requests)
         summary = build_summary(cache, report, work.requests, layout, ecfg)
+        if metrics_out:
+            from hicache.cache.metrics import PrometheusExporter
+
+            PrometheusExporter(cache, labels={"model_name": layout.model or model_name, "rank": 0}).write(metrics_out)
     finally:
         cache.close()
     summary.update(work.trace_info)
     return summary, report
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Outputs are checked before the run, so a bad path never throws a finished run away."""
+    check_output("--requests-out", getattr(args, "requests_out", None))
+    check_output("--plot", args.plot)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ConfigError("--plot", args.plot, "needs matplotlib: pip install 'hicache[plot]'") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    check_outputs(args)
     if args.model == "tiny":
         from hicache.cli.replay_tiny import run_tiny
 
@@ -237,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     ecfg = engine_config(args, path)
     work = load_requests(args)
     progress = Progress("replay", len(work.requests), enabled=not args.quiet)
-    summary, report = replay_once(layout, cfg, ecfg, work, progress)
+    summary, report = replay_once(layout, cfg, ecfg, work, progress, args.metrics_out, path.stem)
     emit(args, summary, report,
          lambda: print_summary(summary, title=f"hicache replay: {path.stem}, {work.name}, "
                                               f"{len(work.requests)} requests"))

@@ -9,7 +9,10 @@ import statistics
 
 import numpy as np
 
+from hicache.cli.common import print_json
 from hicache.cli.table import render_table
+from hicache.errors import ConfigError
+from hicache.storage.url import mask_url
 from hicache.units import format_bytes
 
 
@@ -77,6 +80,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "preemptions": report.preemptions,
         "readmission_recomputed_tokens": sum(r.readmission_recomputed_tokens for r in recs),
         "rejected_requests": report.rejected,
+        "finished_requests": sum(r.finished for r in recs),
         "d2h_bytes": t["d2h"]["bytes"], "d2h_gbps": round(t["d2h"]["gbps"], 2),
         "h2d_bytes": t["h2d"]["bytes"], "h2d_gbps": round(t["h2d"]["gbps"], 2),
         "l3_put_objects": s["l3_put_objects"], "l3_put_dropped": s["l3_put_dropped"],
@@ -98,7 +102,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "device_pages": cache.pools.plan.device_pages,
         "host_pages": cache.pools.plan.host_pages,
         "retention_interval": cache.config.tree.retention_interval,
-        "storage_url": cache.config.storage.url,
+        "storage_url": mask_url(cache.config.storage.url),
         "write_policy": cache.config.write.write_policy,
         "prefetch_policy": cache.config.storage.prefetch_policy,
         "l3_planned_pages": sum(r.l3_planned_pages for r in recs),
@@ -132,15 +136,18 @@ def hit_rows(s: dict) -> list[list[str]]:
 
 
 def emit(args, summary: dict, report, print_table) -> None:
-    """Write --requests-out / --plot, then the JSON object or the table."""
-    if args.requests_out:
-        write_requests(args.requests_out, report)
-    if args.plot:
-        write_plot(args.plot, report)
+    """Print the JSON object or the table, then write --requests-out / --plot (checked
+    before the run; a failure now still leaves the summary printed)."""
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print_json(summary)
     else:
         print_table()
+    for flag, path, write in (("--requests-out", args.requests_out, write_requests), ("--plot", args.plot, write_plot)):
+        if path:
+            try:
+                write(path, report)
+            except OSError as exc:
+                raise ConfigError(flag, path, f"cannot be written: {exc.strerror}") from None
 
 
 def print_summary(summary: dict, *, title: str) -> None:
@@ -193,7 +200,7 @@ def write_requests(path: str, report) -> None:
         for r in report.records:
             row = {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                    for k, v in dataclasses.asdict(r).items()}
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, allow_nan=False) + "\n")
 
 
 def write_plot(path: str, report, window: int = 50) -> None:
@@ -204,8 +211,6 @@ def write_plot(path: str, report, window: int = 50) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        from hicache.errors import ConfigError
-
         raise ConfigError("--plot", path, "needs matplotlib: pip install 'hicache[plot]'") from None
     recs = report.records
     xs, series = [], {"device": [], "host": [], "L3": []}

@@ -20,10 +20,12 @@ import math
 
 import torch
 
+from hicache.cli.common import parse_retention
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import hit_rows
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
+from hicache.storage.url import mask_url
 
 DEFAULT_CONVERSATIONS = 6
 _NOT_FOR_TINY = (("config", "--config", None), ("device_gib", "--device-gib", None),
@@ -46,12 +48,7 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int | None]:
         raise ConfigError("--conversations", n, "must be >= 1")
     if args.max_running < 1:
         raise ConfigError("--max-running", args.max_running, "must be >= 1")
-    retention = None
-    if args.retention is not None and args.retention.lower() not in ("none", "null", "all"):
-        try:
-            retention = int(args.retention)
-        except ValueError:
-            raise ConfigError("--retention", args.retention, "must be a token count or 'none'") from None
+    retention = None if args.retention is None else parse_retention("--retention", args.retention)
     return n, retention
 
 
@@ -102,7 +99,7 @@ def build_summary(cache, report, pools, model_cfg) -> dict:
         "host_pages": pools.host_pages,
         "host_snapshots": pools.host_snapshots,
         "retention_interval": cache.config.tree.retention_interval,
-        "storage_url": cache.config.storage.url,
+        "storage_url": mask_url(cache.config.storage.url),
         "wall_s": round(report.wall_s, 2),
     }
 
@@ -149,7 +146,7 @@ def run_tiny(args: argparse.Namespace) -> int:
     model_cfg = TinyV4Config()
     pools = TinyPools()
     requests = tiny_workload(conversations, args.seed, vocab=model_cfg.vocab)
-    cache = tiny_cache(model_cfg, pools=pools, storage_url=args.storage or "memory://", retention=retention)
+    cache = tiny_cache(model_cfg, pools=pools, storage_url="memory://" if args.storage is None else args.storage, retention=retention)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: extra intra-op threads only add barrier waits
     try:

@@ -16,10 +16,10 @@ is the budget to pass to ``kvcache-simulator run --budgets-gib`` to reproduce
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
+from hicache.cli.common import check_output, print_json
 from hicache.cli.progress import Progress
 from hicache.cli.replay_cmd import (Workload, add_cache_args, add_engine_args, add_source_args, budget_overrides,
                                     engine_config, load_cache_config, load_requests, replay_once)
@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from hicache.engine import kvsim
 
     hosts = parse_budgets(args.host_gib)
+    check_output("--plot", args.plot)
     work = load_requests(args)
     n = len(work.requests)
     progress = Progress("sweep", n * len(hosts), enabled=not args.quiet)
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         write_plot(args.plot, out)
     if args.json:
-        print(json.dumps(out, indent=2))
+        print_json(out)
     else:
         print_table(out)
     return 0 if all(p["mismatched_pages"] == 0 for p in points) else 1

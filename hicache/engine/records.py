@@ -90,6 +90,7 @@ class RequestRecord:
     ttft_uncached_s: float | None = None  # the same without any cache
     finish_s: float | None = None
     rejected: bool = False   # needs more device pages than the device has: never run
+    finished: bool = False   # ran to its last output token
 
 
 @dataclass

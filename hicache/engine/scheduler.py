@@ -13,12 +13,13 @@ would cost on the modelled server (:mod:`hicache.engine.clock`)::
     step:    verify borrowed pages, prefill chunks / decode strides, publish, finish
     clock:   now += prefill + decode iterations + blocking copies of the step
 
-A step with a prefill chunk runs one decode iteration for the decoding requests (a
-chunked-prefill batch), so a prompt's first token comes when its last chunk does. A
-decode-only step's stride is cut short at the next event that could change the batch --
-an arrival (when a slot is free), a queued request's prefetch landing, or the first
-running request to finish (when someone is waiting) -- so admission happens when it
-would in a server, not at the end of a long stride.
+A step's prefill chunks run in its first forward pass together with one decode iteration
+of the decoding requests (a chunked-prefill batch), so a prompt's first token comes at
+``prefill + copies + one decode iteration`` into the step. A step's decode stride is cut
+short at the next event that could change the batch -- an arrival (when a slot is free), a
+queued request's prefetch landing, or the first running request to finish (when someone
+is waiting) -- so admission happens when it would in a server, not at the end of a long
+stride.
 
 Everything the cache does goes through an executor (:class:`Executor`): the cached one
 (:class:`hicache.engine.loop.CacheExecutor`) and one without any cache
@@ -191,10 +192,14 @@ class Scheduler:
         self.ex.poll()
         h2d1, d2h1 = self.ex.moved()
         blocking = d2h1 - d2h0 if self.ex.blocking_d2h else 0
+        start = self.now
         self.now += self.clock.step_s(work.prefill_tokens, work.decode_iterations, h2d1 - h2d0, blocking)
+        # A prompt's last chunk runs in the step's first forward pass (chunked prefill: the
+        # chunks plus one decode iteration of the decoding requests): its first token.
+        first = start + self.clock.step_s(work.prefill_tokens, min(work.decode_iterations, 1), h2d1 - h2d0, blocking)
         for job in work.first_tokens:
             if job.record.ttft_s is None:
-                job.record.ttft_s = self.now - job.record.ready_s
+                job.record.ttft_s = first - job.record.ready_s
         for job in work.finished:
             job.record.finish_s = self.now
         for req in work.released:
@@ -248,8 +253,6 @@ class Scheduler:
         decoding = [j.total_len - j.done for j in self.running if j.done >= j.prompt_len]
         if not decoding:
             return n
-        if len(decoding) < len(self.running):
-            return 1  # a prefill chunk runs with one decode iteration (chunked-prefill batch)
         if self.queue or self.retry or self.held:  # someone waits for a finish
             n = min(n, min(decoding))
         if len(self.running) < self.cfg.max_running:
@@ -263,6 +266,7 @@ class Scheduler:
         self.ex.publish(job, Boundary.FINISH)
         self._release(job)
         job.record.finish_step = self.report.steps
+        job.record.finished = True
         work.finished.append(job)
         self.finished += 1
         self._next_turn(str(job.req.conversation_id), work.released)

@@ -52,6 +52,7 @@ class StressReport:
     verified_snapshots: int = 0
     mismatched_snapshots: int = 0
     failed_loads: int = 0
+    injected_faults: int = 0   # copies failed on purpose (StressConfig.fault_rate)
     l3_tokens: int = 0
     seconds: float = 0.0
     first_error: str | None = None
@@ -92,6 +93,7 @@ class StressRunner:
 
             def inject(_point) -> None:
                 if frng.random() < cfg.fault_rate:
+                    self.report.injected_faults += 1
                     raise TransferError("injected by hicache stress")
 
             cache.ctl.set_fault_injector(inject)

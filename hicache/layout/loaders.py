@@ -32,7 +32,7 @@ from typing import Any, Mapping
 import yaml
 
 from hicache.errors import ConfigError
-from hicache.layout.spec import CacheLayout, FamilySpec, parse_layers
+from hicache.layout.spec import MAX_LAYERS, CacheLayout, FamilySpec, _require_int, parse_layers
 
 TOP_LEVEL_KEYS = ("model", "layout", "cache", "engine")  # engine: hicache.engine.clock
 LAYOUT_KEYS = ("page_tokens", "families", "hf_config", "kv_format", "indexer_format",
@@ -50,13 +50,24 @@ DEFAULT_PAGE_TOKENS = 256
 CSA_RATIO = 4  # DeepSeek-V4: ratio 4 layers use the overlapping compressor + indexer
 
 
+def read_text(p: Path, field: str) -> str:
+    """A file's text; one that is not UTF-8 (or cannot be read) is a ConfigError naming where."""
+    try:
+        return p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(field, str(p), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                                         f"at offset {exc.start})") from None
+    except OSError as exc:
+        raise ConfigError(field, str(p), f"cannot be read: {exc.strerror}") from None
+
+
 def read_config_file(path: str | os.PathLike) -> dict:
     """Read a hicache YAML config and check its top-level keys."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", str(path), "no such file")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(read_text(p, "config"))
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" at line {mark.line + 1}" if mark is not None else ""
@@ -65,8 +76,10 @@ def read_config_file(path: str | os.PathLike) -> dict:
         raise ConfigError("config", str(path), "must be a YAML mapping with a 'layout' key")
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
     if unknown:
-        raise ConfigError(unknown[0], data[unknown[0]],
-                          f"unknown top-level key; expected {list(TOP_LEVEL_KEYS)}", source=str(path))
+        raise ConfigError(unknown[0], "...", f"unknown top-level key; expected {list(TOP_LEVEL_KEYS)}",
+                          source=str(path))
+    if "model" in data and not isinstance(data["model"], str):
+        raise ConfigError("model", data["model"], "must be a name (text)", source=str(path))
     return data
 
 
@@ -150,7 +163,7 @@ def load_hf_config(config: Any) -> dict:
     if not p.is_file():
         raise ConfigError("hf_config", str(config), "no such file")
     try:
-        data = json.loads(p.read_text())
+        data = json.loads(read_text(p, "hf_config"))
     except json.JSONDecodeError as exc:
         raise ConfigError("hf_config", str(config), f"is not valid JSON (line {exc.lineno})") from None
     if not isinstance(data, dict):
@@ -158,15 +171,12 @@ def load_hf_config(config: Any) -> dict:
     return data
 
 
-def _field(cfg: Mapping, key: str, *, minimum: int = 1, default: Any = None) -> int:
+def _field(cfg: Mapping, key: str, *, minimum: int = 1, default: Any = None,
+           maximum: int | None = None) -> int:
     value = cfg.get(key, default)
     if value is None:
         raise ConfigError(f"hf_config.{key}", None, "missing required field")
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"hf_config.{key}", value, "must be an integer")
-    if value < minimum:
-        raise ConfigError(f"hf_config.{key}", value, f"must be >= {minimum}")
-    return value
+    return _require_int(f"hf_config.{key}", value, minimum=minimum, maximum=maximum)
 
 
 def _dtype_bytes(cfg: Mapping, key: str = "torch_dtype") -> int:
@@ -190,13 +200,17 @@ def layout_from_hf_config(config: Any, *, page_tokens: int | None = None,
     * MHA/GQA (Llama style): one history family ``kv``.
     """
     cfg = load_hf_config(config)
+    # Checked before any arithmetic: 0 is an error, not the default, and "abc" is no number.
+    page_tokens = _require_int("page_tokens", DEFAULT_PAGE_TOKENS if page_tokens is None else page_tokens,
+                               minimum=1)
+    if not isinstance(include_mtp, bool):
+        raise ConfigError("include_mtp", include_mtp, "must be true or false")
     if "compress_ratios" in cfg:
-        return _deepseek_v4(cfg, page_tokens or DEFAULT_PAGE_TOKENS, kv_format, indexer_format,
-                            include_mtp)
+        return _deepseek_v4(cfg, page_tokens, kv_format, indexer_format, include_mtp)
     if "kv_lora_rank" in cfg:
-        return _mla(cfg, page_tokens or DEFAULT_PAGE_TOKENS)
+        return _mla(cfg, page_tokens)
     if "num_attention_heads" in cfg:
-        return _mha(cfg, page_tokens or DEFAULT_PAGE_TOKENS)
+        return _mha(cfg, page_tokens)
     raise ConfigError("hf_config", sorted(cfg)[:8],
                       "not a recognised model config: expected 'compress_ratios' (DeepSeek-V4), "
                       "'kv_lora_rank' (MLA) or 'num_attention_heads' (MHA/GQA)")
@@ -204,16 +218,16 @@ def layout_from_hf_config(config: Any, *, page_tokens: int | None = None,
 
 def _deepseek_v4(cfg: Mapping, page_tokens: int, kv_format: str, indexer_format: str,
                  include_mtp: bool) -> CacheLayout:
-    if kv_format not in KV_FORMATS:
+    if not isinstance(kv_format, str) or kv_format not in KV_FORMATS:
         raise ConfigError("kv_format", kv_format, f"must be one of {list(KV_FORMATS)}")
-    if indexer_format not in INDEXER_FORMATS:
+    if not isinstance(indexer_format, str) or indexer_format not in INDEXER_FORMATS:
         raise ConfigError("indexer_format", indexer_format, f"must be one of {list(INDEXER_FORMATS)}")
-    num_layers = _field(cfg, "num_hidden_layers")
+    num_layers = _field(cfg, "num_hidden_layers", maximum=MAX_LAYERS)
     head_dim = _field(cfg, "head_dim")
     rope = _field(cfg, "qk_rope_head_dim", default=64)
     window = _field(cfg, "sliding_window")
     index_dim = _field(cfg, "index_head_dim")
-    mtp = _field(cfg, "num_nextn_predict_layers", minimum=0, default=0) if include_mtp else 0
+    mtp = _field(cfg, "num_nextn_predict_layers", minimum=0, default=0, maximum=MAX_LAYERS) if include_mtp else 0
     ratios = cfg["compress_ratios"]
     if not isinstance(ratios, list) or len(ratios) < num_layers + mtp:
         raise ConfigError("hf_config.compress_ratios", ratios,
@@ -266,7 +280,7 @@ def _round_up(x: int, m: int) -> int:
 
 
 def _mla(cfg: Mapping, page_tokens: int) -> CacheLayout:
-    layers = _field(cfg, "num_hidden_layers")
+    layers = _field(cfg, "num_hidden_layers", maximum=MAX_LAYERS)
     rank = _field(cfg, "kv_lora_rank")
     rope = _field(cfg, "qk_rope_head_dim")
     row = (rank + rope) * _dtype_bytes(cfg)
@@ -274,7 +288,7 @@ def _mla(cfg: Mapping, page_tokens: int) -> CacheLayout:
 
 
 def _mha(cfg: Mapping, page_tokens: int) -> CacheLayout:
-    layers = _field(cfg, "num_hidden_layers")
+    layers = _field(cfg, "num_hidden_layers", maximum=MAX_LAYERS)
     heads = _field(cfg, "num_attention_heads")
     kv_heads = _field(cfg, "num_key_value_heads", default=heads)
     if heads % kv_heads:

@@ -37,15 +37,20 @@ IndexSource = Literal["page", "state"]
 KINDS: tuple[str, ...] = ("history", "state")
 INDEX_SOURCES: tuple[str, ...] = ("page", "state")
 FINGERPRINT_VERSION = 1
+# Layer ids are < MAX_LAYERS: 30x the deepest model served today, and small enough that a
+# typo like "0-99999999" is an error rather than a hundred-million-entry tuple.
+MAX_LAYERS = 4096
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 
-def _require_int(where: str, value: object, *, minimum: int) -> int:
+def _require_int(where: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
     # bool is an int subclass; "layers: true" is never what anyone meant.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(where, value, "must be an integer")
     if value < minimum:
         raise ConfigError(where, value, f"must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(where, value, f"must be <= {maximum}")
     return value
 
 
@@ -78,7 +83,7 @@ class FamilySpec:
         if not layers:
             raise ConfigError(f"{where}.layers", self.layer_ids, "must list at least one layer id")
         for lid in layers:
-            _require_int(f"{where}.layers", lid, minimum=0)
+            _require_int(f"{where}.layers", lid, minimum=0, maximum=MAX_LAYERS - 1)
         if len(set(layers)) != len(layers):
             raise ConfigError(f"{where}.layers", list(layers), "layer ids must be unique")
         object.__setattr__(self, "layer_ids", layers)
@@ -95,6 +100,10 @@ class FamilySpec:
         if source not in INDEX_SOURCES:
             raise ConfigError(f"{where}.index_source", source,
                               f"must be one of {list(INDEX_SOURCES)}")
+        if self.kind == "history" and source != "page":
+            raise ConfigError(f"{where}.index_source", source,
+                              "a history family must be indexed by the page anchor: its rows cover "
+                              "the whole prefix, one page id per page_tokens tokens")
 
     @property
     def num_layers(self) -> int:
@@ -298,11 +307,15 @@ class CacheLayout:
 
 
 def parse_layers(value: object, where: str) -> tuple[int, ...]:
-    """Parse a layer list: ``[0, 1, 5]`` or a string like ``"0-42"``, ``"2-42/2, 43"``."""
+    """Parse a layer list: ``[0, 1, 5]`` or a string like ``"0-42"``, ``"2-42/2, 43"``.
+
+    Ids are bounded by :data:`MAX_LAYERS` before a range is expanded."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
+        return (_require_int(where, value, minimum=0, maximum=MAX_LAYERS - 1),)
     if isinstance(value, (list, tuple)):
-        return tuple(_require_int(where, v, minimum=0) for v in value)
+        if len(value) > MAX_LAYERS:
+            raise ConfigError(where, f"[{len(value)} ids]", f"at most {MAX_LAYERS} layers")
+        return tuple(_require_int(where, v, minimum=0, maximum=MAX_LAYERS - 1) for v in value)
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(where, value, "must be a list of layer ids or a range like '2-42/2'")
     out: list[int] = []
@@ -315,7 +328,11 @@ def parse_layers(value: object, where: str) -> tuple[int, ...]:
         step = int(m.group(3)) if m.group(3) is not None else 1
         if hi < lo or step < 1:
             raise ConfigError(where, value, f"empty or backwards range {part.strip()!r}")
+        if hi >= MAX_LAYERS:
+            raise ConfigError(where, value, f"layer id {hi} is too large: ids are 0..{MAX_LAYERS - 1}")
         out.extend(range(lo, hi + 1, step))
+        if len(out) > MAX_LAYERS:  # only possible with repeated ids
+            raise ConfigError(where, value, "layer ids must be unique")
     return tuple(out)
 
 

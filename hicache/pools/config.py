@@ -14,6 +14,8 @@ pinned pool takes the machine down rather than failing cleanly.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import psutil
@@ -24,6 +26,10 @@ from hicache.layout import CacheLayout
 from hicache.pools.tier import HOST_LAYOUTS
 
 GiB = 1024**3
+_DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
+# Host memory each page or snapshot id costs its tier's index allocator (free list, used
+# flags) and sidecars, whatever the id's own bytes: counted so a huge count is refused.
+ID_BOOKKEEPING_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -52,17 +58,19 @@ class PoolConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(name, v, "must be a positive number of bytes")
-        if self.host_bytes is not None and (not isinstance(self.host_bytes, int) or self.host_bytes <= 0):
-            raise ConfigError("host_bytes", self.host_bytes, "must be a positive number of bytes")
-        if not isinstance(self.host_ratio, (int, float)) or self.host_ratio <= 0:
-            raise ConfigError("host_ratio", self.host_ratio, "must be > 0")
+        hb = self.host_bytes
+        if hb is not None and (isinstance(hb, bool) or not isinstance(hb, int) or hb <= 0):
+            raise ConfigError("host_bytes", hb, "must be a positive number of bytes")
+        r = self.host_ratio
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < math.inf:
+            raise ConfigError("host_ratio", r, "must be a finite number > 0")
         if not isinstance(self.state_share, (int, float)) or not 0 < self.state_share < 1:
             raise ConfigError("state_share", self.state_share, "must be between 0 and 1 (exclusive)")
         for name in ("device_pages", "device_snapshots", "host_pages", "host_snapshots"):
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(name, v, "must be an integer >= 0")
-        if self.device not in ("cpu", "cuda", "auto") and not str(self.device).startswith("cuda:"):
+        if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise ConfigError("device", self.device, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
 
 
@@ -88,6 +96,8 @@ class PoolPlan:
 
 def resolve_device(name: str) -> "torch.device":
     """``auto`` -> ``cuda`` when a GPU is present, else ``cpu``."""
+    if not isinstance(name, str) or not _DEVICE.fullmatch(name):
+        raise ConfigError("device", name, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
@@ -127,13 +137,21 @@ def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | N
     plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes)
     avail = psutil.virtual_memory().available if available_bytes is None else available_bytes
     limit = avail - cfg.host_reserve_bytes
+    counts = {"device_pages": dev_pages, "device_snapshots": dev_snaps, "host_pages": host_pages,
+              "host_snapshots": host_snaps}
+    book = sum(counts.values()) * ID_BOOKKEEPING_BYTES
+    if book > limit:  # e.g. a snapshot count on a layout whose snapshots hold no bytes
+        name = max(counts, key=counts.__getitem__)
+        raise ConfigError(name, counts[name],
+                          f"{sum(counts.values()):,} page and snapshot ids need {book / GiB:.2f} GiB of host "
+                          f"memory for their allocators but only {max(limit, 0) / GiB:.2f} GiB is available")
     if plan.host_bytes > limit:
         value = cfg.host_bytes if cfg.host_bytes is not None else cfg.host_ratio
         raise ConfigError(host_field, value,
                           f"asks for a {plan.host_bytes / GiB:.2f} GiB host pool but only "
                           f"{max(limit, 0) / GiB:.2f} GiB is available ({avail / GiB:.2f} GiB free "
                           f"minus a {cfg.host_reserve_bytes / GiB:.2f} GiB reserve)")
-    if resolve_device(cfg.device).type == "cpu" and plan.device_bytes + plan.host_bytes > limit:
+    if resolve_device(cfg.device).type == "cpu" and plan.device_bytes + plan.host_bytes + book > limit:
         raise ConfigError("device_bytes", cfg.device_bytes,
                           f"with the device tier on the CPU, device + host pools need "
                           f"{(plan.device_bytes + plan.host_bytes) / GiB:.2f} GiB but only "

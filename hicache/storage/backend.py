@@ -21,7 +21,14 @@ and :class:`hicache.storage.L3Store` add those. The contract:
   store's checksummed header) and resolves them itself, as late as it likes; every other
   backend gets plain buffers only. False means this key was refused (no room, ``maxmemory``); it is
   counted in ``stats().errors``;
-* ``delete(keys) -> int`` (keys removed), ``stats() -> BackendStats``, ``close()``.
+* ``delete(keys) -> int`` (keys removed), ``stats() -> BackendStats``, ``close()``;
+* ``scan(prefix, batch) -> Iterator[list[(key, length)]]`` (protocol 2): every stored key
+  that starts with ``prefix``, in batches of about ``batch``, with its value's length
+  (``None`` for a key that holds something other than a plain value). Not a snapshot: a key
+  written or removed during the scan may or may not appear, and Redis ``SCAN`` may return
+  a key twice while the server resizes its table. It is for operators (``hicache l3``),
+  never on the serving path; Redis backends use ``SCAN`` (never ``KEYS``), on every primary
+  of a cluster.
 
 Transport faults (unreachable, timeout, broken connection, garbage) raise the
 :mod:`hicache.storage.faults` subclasses of ``StorageError``; a backend never retries
@@ -32,11 +39,11 @@ engine thread call one backend concurrently.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 from hicache.storage.buffers import Value
 
-STORAGE_PROTOCOL_VERSION = 1
+STORAGE_PROTOCOL_VERSION = 2  # 2: scan() (key enumeration for operators)
 
 # accept(index, value_length, first_buffer) -> keep reading this value?
 Accept = Callable[[int, int, memoryview], bool]
@@ -80,9 +87,17 @@ class StorageBackend(Protocol):
 
     def delete(self, keys: Sequence[str]) -> int: ...
 
+    def scan(self, prefix: str = "", batch: int = 1000) -> Iterator[list[tuple[str, Optional[int]]]]: ...
+
     def stats(self) -> BackendStats: ...
 
     def close(self) -> None: ...
+
+
+def batched(items: Sequence, batch: int) -> Iterator[list]:
+    """``items`` in lists of at most ``batch`` (a scan's pages for the in-process backends)."""
+    for start in range(0, len(items), batch):
+        yield list(items[start:start + batch])
 
 
 def leading_true(flags: Sequence[bool]) -> int:

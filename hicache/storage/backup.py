@@ -27,21 +27,21 @@ from collections import deque
 from typing import Any, Callable, Optional, Sequence
 
 from hicache.errors import MisuseError
-from hicache.storage.buffers import Buffer, byte_view
+from hicache.storage.buffers import Value, value_views
 from hicache.storage.objects import ObjectKind, PageHash, as_kind, hash_bytes
 
 
 class PutTicket:
     """One queued backup: hashes, sources, and (once done) which objects were stored."""
 
-    def __init__(self, hashes: Sequence[PageHash], kind: ObjectKind, views: list[memoryview],
+    def __init__(self, hashes: Sequence[PageHash], kind: ObjectKind, views: list[list[memoryview]],
                  tag: Any, on_done: Optional[Callable[["PutTicket"], None]]):
         self.hashes = [hash_bytes(h) for h in hashes]
         self.kind = kind
         self.views = views
         self.tag = tag
         self.on_done = on_done
-        self.nbytes = sum(v.nbytes for v in views)
+        self.nbytes = sum(p.nbytes for pieces in views for p in pieces)
         self.dropped = False
         self.stored: Optional[list[bool]] = None  # per object, once done
         self.skipped_existing = 0
@@ -87,11 +87,11 @@ class BackupQueue:
         self._thread.start()
 
     # -- engine side --------------------------------------------------------------------
-    def submit(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Buffer],
+    def submit(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Value],
                *, tag: Any = None, on_done: Optional[Callable[[PutTicket], None]] = None) -> PutTicket:
         if len(hashes) != len(srcs):
             raise MisuseError(f"put_async: {len(hashes)} hashes but {len(srcs)} sources")
-        ticket = PutTicket(hashes, as_kind(kind), [byte_view(s, writable=False) for s in srcs], tag, on_done)
+        ticket = PutTicket(hashes, as_kind(kind), [value_views(s, writable=False) for s in srcs], tag, on_done)
         n = len(ticket.hashes)
         with self._cv:
             full = (self._pending_objects + n > self.max_objects
@@ -120,6 +120,13 @@ class BackupQueue:
     def flush(self, timeout: Optional[float] = None) -> bool:
         with self._cv:
             return self._cv.wait_for(lambda: not self._queue and not self._busy, timeout)
+
+    def room(self) -> int:
+        """Objects a :meth:`submit` would accept now (by the object bound; 0 when closing)."""
+        with self._cv:
+            if self._closing:
+                return 0
+            return max(self.max_objects - self._pending_objects, 0)
 
     @property
     def pending_objects(self) -> int:
@@ -169,6 +176,8 @@ class BackupQueue:
         for s in range(0, len(t.hashes), self.batch):
             hs, vs = t.hashes[s:s + self.batch], t.views[s:s + self.batch]
             have = store.exists(hs, t.kind) if self.skip_existing else [False] * len(hs)
+            if any(have):  # a value a read rejected is rewritten, never skipped
+                have = [h and not bad for h, bad in zip(have, store.must_overwrite(hs, t.kind))]
             todo = [i for i, h in enumerate(have) if not h]
             t.skipped_existing += len(hs) - len(todo)
             result = store.put([hs[i] for i in todo], t.kind, [vs[i] for i in todo]) if todo else []

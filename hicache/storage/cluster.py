@@ -25,12 +25,13 @@ replica).
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
 from hicache.storage.buffers import Value, value_views
 from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageError, StorageProtocolError
-from hicache.storage.redis_node import RedisNode, map_exists, map_get, map_put, put_pieces, redis_stats
+from hicache.storage.redis_node import (RedisNode, map_exists, map_get, map_put, put_pieces, redis_stats,
+                                        scan_node)
 from hicache.storage.resp import Endpoint, RedisOptions, RespError
 
 NUM_SLOTS = 16384
@@ -215,6 +216,13 @@ class RedisClusterBackend:
             return 0
         raw = self._run(keys, lambda node, idxs, asking: node.del_raw([keys[i] for i in idxs], asking))
         return sum(r for r in raw if isinstance(r, int))
+
+    def scan(self, prefix: str = "", batch: int = 1000) -> Iterator[list[tuple[str, Optional[int]]]]:
+        """``SCAN`` every primary in turn (each holds its own slots' keys)."""
+        if self._stale:
+            self.refresh()
+        for ep in sorted({ep for ep in self._slots if ep is not None}, key=str):
+            yield from scan_node(self._node(ep), prefix, batch)
 
     def stats(self) -> BackendStats:
         if self._stale:

@@ -133,6 +133,15 @@ class CircuitBreaker:
             self.refused += 1
             return False
 
+    def would_allow(self) -> bool:
+        """Would :meth:`allow` say True now? (Asks without taking the probe.)"""
+        with self._lock:
+            if self._state == "closed":
+                return True
+            if self._state == "open":
+                return self._clock() >= self._reopen_at
+            return not self._probe_out
+
     def record_success(self) -> None:
         with self._lock:
             self._consecutive = 0

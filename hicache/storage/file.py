@@ -24,7 +24,7 @@ import time
 import zlib
 from collections import OrderedDict
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from hicache.errors import ConfigError
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
@@ -193,6 +193,25 @@ class FileBackend:
             with self._lock:
                 self._drop(key)
         return n
+
+    def scan(self, prefix: str = "", batch: int = 1000) -> Iterator[list[tuple[str, Optional[int]]]]:
+        """Walk the shard directories (not the index: other processes may share them)."""
+        out: list[tuple[str, Optional[int]]] = []
+        for shard in sorted(self.root.iterdir()):
+            if not shard.is_dir() or len(shard.name) != 2:
+                continue
+            for entry in os.scandir(shard):
+                if entry.name.startswith(_TMP) or not entry.name.startswith(prefix):
+                    continue
+                try:
+                    out.append((entry.name, entry.stat().st_size))
+                except FileNotFoundError:  # removed by another process meanwhile
+                    continue
+                if len(out) >= batch:
+                    yield out
+                    out = []
+        if out:
+            yield out
 
     def stats(self) -> BackendStats:
         with self._lock:

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 from hicache.errors import ConfigError
-from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
+from hicache.storage.backend import (STORAGE_PROTOCOL_VERSION, Accept, BackendStats, batched,
+                                     exists_prefix_batched)
 from hicache.storage.buffers import Value, value_views
 from hicache.storage.objects import check_key
 
@@ -136,6 +137,13 @@ class MemoryBackend:
                     d.used -= len(blob)
                     n += 1
         return n
+
+    def scan(self, prefix: str = "", batch: int = 1000) -> Iterator[list[tuple[str, Optional[int]]]]:
+        """Keys starting with ``prefix`` and their lengths, as of the moment of the call."""
+        d = self._d
+        with d.lock:
+            found = [(k, len(v)) for k, v in d.items.items() if k.startswith(prefix)]
+        yield from batched(found, batch)
 
     def stats(self) -> BackendStats:
         d = self._d

@@ -153,6 +153,29 @@ def make_namespace(fingerprint: str, salt: str = "") -> str:
     return f"{KEY_PREFIX}.{fingerprint}.{salt8}"
 
 
+_PARSE_RE = re.compile(r"^(hc1\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})):([ps]):([0-9a-f]+)$")
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """What an L3 key names: ``{namespace}:{p|s}:{hash hex}`` taken apart."""
+
+    namespace: str       # hc1.{fingerprint}.{salt8}
+    fingerprint: str
+    salt8: str
+    kind: "ObjectKind"
+    hash_hex: str
+
+
+def parse_key(key: str) -> Optional[KeyInfo]:
+    """The parts of one of our keys, or None for a key this format did not write."""
+    m = _PARSE_RE.match(key)
+    if m is None:
+        return None
+    ns, fp, salt8, tag, hexs = m.groups()
+    return KeyInfo(ns, fp, salt8, ObjectKind.PAGE if tag == "p" else ObjectKind.STATE, hexs)
+
+
 def check_key(key: str) -> str:
     if not isinstance(key, str) or not _KEY_RE.match(key):
         raise MisuseError(f"bad storage key {key!r}: 1-512 chars of [A-Za-z0-9._:+-]")
@@ -184,6 +207,18 @@ class ObjectCodec:
         if CHECKSUMS.get(algo) is None:
             raise MisuseError(f"checksum algorithm {ALGO_NAMES.get(algo, algo)} is not available")
         self.algo = algo
+
+    @classmethod
+    def for_namespace(cls, namespace: str) -> "ObjectCodec":
+        """A codec for a namespace read off a key, whose salt is unknown (only its digest is
+        in the name): enough to check the headers of the objects stored under it."""
+        m = re.fullmatch(r"hc1\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})", namespace)
+        if m is None:
+            raise MisuseError(f"not an L3 namespace: {namespace!r} (expected hc1.FINGERPRINT.SALT8)")
+        codec = cls(m.group(1))
+        codec.namespace = namespace
+        codec._ns8 = hashlib.sha256(namespace.encode()).digest()[:8]
+        return codec
 
     def key(self, h: PageHash, kind: "ObjectKind | str") -> str:
         return f"{self.namespace}:{as_kind(kind).tag}:{hash_bytes(h).hex()}"

@@ -42,7 +42,7 @@ from typing import Callable, Optional, Sequence
 
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
-from hicache.storage.buffers import Buffer
+from hicache.storage.buffers import Value
 from hicache.storage.config import PrefetchConfig
 from hicache.storage.objects import ObjectKind, PageHash, hash_bytes
 from hicache.storage.store import L3Store
@@ -111,7 +111,7 @@ class PrefetchOp:
         with self._cv:
             return self._cv.wait_for(lambda: self.status != PrefetchStatus.LOOKUP, timeout)
 
-    def fetch(self, page_dsts: Sequence[Buffer], state_dst: Optional[Buffer] = None) -> None:
+    def fetch(self, page_dsts: Sequence[Value], state_dst: Optional[Value] = None) -> None:
         """Start reading into the rows the caller allocated for exactly this plan."""
         with self._cv:
             if self.status != PrefetchStatus.PLANNED or self.plan is None:
@@ -196,7 +196,7 @@ class PrefetchOp:
         self._settled = True
         self._cv.notify_all()
 
-    def _run_fetch(self, page_dsts: list, state_dst: Optional[Buffer]) -> None:
+    def _run_fetch(self, page_dsts: list, state_dst: Optional[Value]) -> None:
         store, plan = self._owner.store, self.plan
         assert plan is not None, "fetch without a plan"
         try:

@@ -282,12 +282,42 @@ class RedisBackend:
         replies = self.node.del_raw(keys)
         return sum(r for r in replies if isinstance(r, int))
 
+    def scan(self, prefix: str = "", batch: int = 1000) -> Iterator[list[tuple[str, Optional[int]]]]:
+        return scan_node(self.node, prefix, batch)
+
     def stats(self) -> BackendStats:
         info = self.node.info()
         return redis_stats(self.kind, self.url, [info], self._errors.snapshot(), self.node.opts.db)
 
     def close(self) -> None:
         self.node.close()
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + ch if ch in "*?[]\\" else ch for ch in text)
+
+
+def scan_node(node: RedisNode, prefix: str, batch: int) -> Iterator[list[tuple[str, Optional[int]]]]:
+    """``SCAN cursor MATCH prefix* COUNT batch`` over one server (never ``KEYS``: it blocks
+    the server for the whole keyspace), then the values' lengths with pipelined ``STRLEN``
+    (``None`` where the key holds another type)."""
+    pattern = _glob_escape(prefix) + "*"
+    cursor: object = b"0"
+    while True:
+        reply = node.command("SCAN", cursor, "MATCH", pattern, "COUNT", batch)
+        raise_if_unavailable(reply, node.endpoint)
+        if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], list)):
+            raise StorageProtocolError(f"{node.endpoint}: SCAN returned {reply!r}")
+        cursor, raw = reply
+        keys = [k.decode(errors="replace") if isinstance(k, bytes) else str(k) for k in raw]
+        if keys:
+            with node.pool.connection() as c:
+                lengths = c.pipeline([encode_command("STRLEN", k) for k in keys])
+            for r in lengths:
+                raise_if_unavailable(r, node.endpoint)
+            yield [(k, n if isinstance(n, int) else None) for k, n in zip(keys, lengths)]
+        if cursor in (b"0", "0", 0):
+            return
 
 
 def redis_stats(kind: str, url: str, infos: list[dict[str, str]], errors: dict, db: int) -> BackendStats:

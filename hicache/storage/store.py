@@ -17,6 +17,12 @@ Reading into pool rows without a second copy::
 The payload checksum can only be checked once the payload is in ``dst[i]``; a mismatch
 makes that object (and everything after it) a miss, so the caller must treat rows past
 ``GetResult.hits`` as garbage: free them, never publish them.
+
+Scatter/gather objects: a destination (or source) may also be a list of buffers, and the
+object's payload is their concatenation, checksummed over the list. An engine whose page
+lives in several regions (SGLang's ``page_first`` host page: its K and V halves;
+``layer_first``: one piece per layer and K/V) then moves it without a staging copy; the
+Redis path reads each piece straight from the socket into its region.
 """
 
 from __future__ import annotations
@@ -30,10 +36,17 @@ from typing import Any, Callable, Optional, Sequence
 
 from hicache.errors import MisuseError, StorageError
 from hicache.storage.backend import StorageBackend
-from hicache.storage.buffers import Buffer, Deferred, byte_view
+from hicache.storage.buffers import Deferred, Value, value_views
 from hicache.storage.config import L3Config
 from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounter, fault_name
+from hicache.storage.iostats import IO_OPS, IoStats
 from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
+
+
+# Rejections that mean the stored value is bad for this key (deleted and rewritten).
+# Another format version, or a checksum this process cannot compute, is left alone: the
+# value may be fine for the process that wrote it.
+REPAIRABLE = frozenset({Reject.TRUNCATED, Reject.CORRUPT, Reject.FOREIGN, Reject.WRONG_SIZE})
 
 
 @dataclass(frozen=True)
@@ -65,6 +78,8 @@ class StoreStats:
     backup_pending_bytes: int
     backend: Optional[dict[str, Any]] = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # get/put latency and bandwidth histograms (hicache.storage.iostats.IoStats.snapshot)
+    io: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"namespace": self.namespace, "counters": dict(self.counters), "rejected": dict(self.rejected),
@@ -72,25 +87,35 @@ class StoreStats:
                                                          "trips": self.breaker_trips,
                                                          "refused": self.breaker_refused},
                 "backup_pending_objects": self.backup_pending_objects,
-                "backup_pending_bytes": self.backup_pending_bytes, "backend": self.backend}
+                "backup_pending_bytes": self.backup_pending_bytes, "backend": self.backend,
+                "io": self.io}
 
 
 class L3Store:
     """Objects of one namespace (layout fingerprint + salt) in one backend."""
 
     def __init__(self, backend: StorageBackend, fingerprint: str, salt: str = "",
-                 cfg: L3Config = L3Config(), *, clock: Callable[[], float] = time.monotonic):
+                 cfg: L3Config = L3Config(), *, clock: Callable[[], float] = time.monotonic,
+                 breaker: Optional[CircuitBreaker] = None):
+        """``breaker``: share one breaker between stores on the same backend (an engine
+        integration keeps one namespace per pool), so a dead server trips once for all."""
         self.backend = backend
         self.cfg = cfg
         self.codec = ObjectCodec(fingerprint, salt)
-        self.breaker = CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s,
-                                      cfg.breaker_max_cooldown_s, clock=clock)
+        self.breaker = breaker or CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s,
+                                                 cfg.breaker_max_cooldown_s, clock=clock)
         self.faults = FaultCounter()      # by type: timeout, connection, protocol, server
         self.rejected = FaultCounter()    # by Reject reason
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self._backup = None
         self._closed = False
+        # Keys whose value a read rejected (corrupt, truncated, foreign): deleted at once,
+        # and overwritten by the next backup even if the delete failed -- a bad object must
+        # never block its page (and every later page of the chain) for good.
+        self._bad_keys: set[str] = set()
+        self.io = IoStats()               # get/put latency and bandwidth histograms
+        self._io_pending = threading.local()  # backend seconds of this thread's get/put so far
 
     @property
     def namespace(self) -> str:
@@ -101,9 +126,17 @@ class L3Store:
         return self.codec.key(h, kind)
 
     def _count(self, **kw: int) -> None:
+        """Add to the counters. A get's or put's totals (``gets=1, get_bytes=...``) also close
+        its histogram observation: the seconds :meth:`_call` timed on this thread for it."""
         with self._lock:
             for k, v in kw.items():
                 self._counts[k] += v
+        for op in IO_OPS:
+            if f"{op}s" in kw:
+                seconds = getattr(self._io_pending, op, None)
+                if seconds is not None:
+                    setattr(self._io_pending, op, None)
+                    self.io.observe(op, seconds, kw.get(f"{op}_bytes", 0))
 
     # -- guarded backend calls ----------------------------------------------------------
     def _call(self, op: str, fn: Callable[[], Any], *, retry: bool) -> tuple[bool, Any]:
@@ -114,9 +147,11 @@ class L3Store:
             if not self.breaker.allow():
                 self._count(**{f"{op}_short_circuited": 1})
                 return False, "breaker_open"
+            t0 = time.perf_counter()
             try:
                 result = fn()
             except StorageError as exc:
+                self._add_io_time(op, t0)
                 self.faults.add(fault_name(exc))
                 self.faults.add(f"{op}.{fault_name(exc)}")
                 if isinstance(exc, TRANSPORT_FAULTS):
@@ -125,9 +160,15 @@ class L3Store:
                         self._count(**{f"{op}_retries": 1})
                         continue
                 return False, "fault"
+            self._add_io_time(op, t0)
             self.breaker.record_success()
             return True, result
         raise AssertionError("unreachable: the loop returns")
+
+    def _add_io_time(self, op: str, t0: float) -> None:
+        if op in IO_OPS:
+            seconds = time.perf_counter() - t0
+            setattr(self._io_pending, op, (getattr(self._io_pending, op, None) or 0.0) + seconds)
 
     # -- reads --------------------------------------------------------------------------
     def lookup(self, hashes: Sequence[PageHash], kind: "ObjectKind | str" = ObjectKind.PAGE) -> int:
@@ -154,9 +195,11 @@ class L3Store:
         ok, flags = self._call("lookup", lambda: self.backend.exists(keys), retry=True)
         return list(flags) if ok else [False] * len(keys)
 
-    def get(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", dsts: Sequence[Buffer],
+    def get(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", dsts: Sequence[Value],
             *, progress: Optional[Callable[[int], bool]] = None) -> GetResult:
-        """Read the leading verified objects into ``dsts`` (one payload buffer per hash).
+        """Read the leading verified objects into ``dsts``: one payload per hash, each a
+        buffer or a scatter list of buffers (filled in order; sizes must add up to the
+        stored payload, else the object is rejected as ``wrong_size``).
 
         Reads ``read_batch`` objects per backend call; after each batch ``progress(hits)``
         is called and may return False to stop early (a cancelled prefetch). Objects after
@@ -165,26 +208,28 @@ class L3Store:
         kind = as_kind(kind)
         if len(hashes) != len(dsts):
             raise MisuseError(f"get: {len(hashes)} hashes but {len(dsts)} destinations")
-        views = [byte_view(d, writable=True) for d in dsts]
+        views = [value_views(d, writable=True) for d in dsts]
+        sizes = [sum(v.nbytes for v in pieces) for pieces in views]
         hits = nbytes = 0
         stopped: Optional[str] = None
         batch = self.cfg.read_batch
         for start in range(0, len(hashes), batch):
             hs = hashes[start:start + batch]
             dv = views[start:start + batch]
+            dn = sizes[start:start + batch]
             staging = bytearray(HEADER_BYTES * len(hs))
             sv = memoryview(staging)
             heads = [sv[i * HEADER_BYTES:(i + 1) * HEADER_BYTES] for i in range(len(hs))]
             verdict: list[Any] = [None] * len(hs)
 
             def accept(i: int, length: int, head: memoryview) -> bool:
-                reason, token = self.codec.check_header(head, hs[i], kind, length, dv[i].nbytes)
+                reason, token = self.codec.check_header(head, hs[i], kind, length, dn[i])
                 verdict[i] = reason if reason is not None else token
                 return reason is None
 
             keys = [self.key(h, kind) for h in hs]
             ok, lengths = self._call("get", lambda: self.backend.get_into(
-                keys, [[heads[i], dv[i]] for i in range(len(hs))], accept), retry=True)
+                keys, [[heads[i], *dv[i]] for i in range(len(hs))], accept), retry=True)
             if not ok:
                 stopped = lengths  # "breaker_open" or "fault"
                 break
@@ -194,19 +239,18 @@ class L3Store:
                     break
                 v = verdict[i]
                 if v is None:  # accept was not called: the value ended inside the header
-                    v, _ = self.codec.check_header(heads[i], hs[i], kind, length, dv[i].nbytes)
+                    v, _ = self.codec.check_header(heads[i], hs[i], kind, length, dn[i])
                     v = v or Reject.TRUNCATED
+                if not isinstance(v, Reject):
+                    v = self.codec.check_payload(dv[i], v) or v
                 if isinstance(v, Reject):
                     stopped = v.value
                     self.rejected.add(v.value)
-                    break
-                bad = self.codec.check_payload([dv[i]], v)
-                if bad is not None:
-                    stopped = bad.value
-                    self.rejected.add(bad.value)
+                    if v in REPAIRABLE:
+                        self._repair(keys[i])
                     break
                 hits += 1
-                nbytes += dv[i].nbytes
+                nbytes += dn[i]
             if stopped is not None:
                 break
             if progress is not None and not progress(hits):
@@ -217,27 +261,57 @@ class L3Store:
         return GetResult(hits, nbytes, stopped)
 
     # -- writes -------------------------------------------------------------------------
-    def put(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Buffer]) -> list[bool]:
-        """Store objects synchronously (no retry); False where refused, failed or short-circuited."""
+    def put(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Value]) -> list[bool]:
+        """Store objects synchronously (no retry); False where refused, failed or short-circuited.
+
+        Each source is a buffer or a gather list of buffers (the payload is their
+        concatenation; nothing is glued together on the way).
+        """
         kind = as_kind(kind)
         if len(hashes) != len(srcs):
             raise MisuseError(f"put: {len(hashes)} hashes but {len(srcs)} sources")
         if not hashes:
             return []
-        views = [byte_view(s, writable=False) for s in srcs]
+        views = [value_views(s, writable=False) for s in srcs]
         keys = [self.key(h, kind) for h in hashes]
         # Deferred headers: a streaming backend hashes each payload just before sending it.
         if getattr(self.backend, "accepts_deferred", False):
-            values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, [v])), v]
+            values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, v)), *v]
                       for h, v in zip(hashes, views)]
         else:  # a backend written to the plain contract gets bytes
-            values = [[self.codec.header(h, kind, [v]), v] for h, v in zip(hashes, views)]
+            values = [[self.codec.header(h, kind, v), *v] for h, v in zip(hashes, views)]
         ok, stored = self._call("put", lambda: self.backend.put(keys, values), retry=False)
         stored = list(stored) if ok else [False] * len(keys)
+        if self._bad_keys:
+            with self._lock:
+                self._bad_keys.difference_update(k for k, s in zip(keys, stored) if s)
         good = sum(stored)
         self._count(puts=1, put_objects=len(keys), put_ok=good, put_failed=len(keys) - good,
-                    put_bytes=sum(v.nbytes for v, s in zip(views, stored) if s))
+                    put_bytes=sum(sum(p.nbytes for p in v) for v, s in zip(views, stored) if s))
         return stored
+
+    def _repair(self, key: str) -> None:
+        """A read rejected ``key``'s value: delete it and let the next backup overwrite it."""
+        with self._lock:
+            if len(self._bad_keys) < 65536:
+                self._bad_keys.add(key)
+        ok, n = self._call("delete", lambda: self.backend.delete([key]), retry=False)
+        self._count(repaired_deleted=int(bool(ok and n)))
+
+    def must_overwrite(self, hashes: Sequence[PageHash], kind: "ObjectKind | str") -> list[bool]:
+        """Per object: was its stored value rejected by a read (so a backup must rewrite it)?"""
+        with self._lock:
+            if not self._bad_keys:
+                return [False] * len(hashes)
+            return [self.key(h, kind) in self._bad_keys for h in hashes]
+
+    def backup_room(self) -> int:
+        """Objects worth queueing for backup now: the queue's room while the breaker is
+        closed, one object (a probe) once an open breaker's cooldown has passed, else 0."""
+        if self._closed or not self.breaker.would_allow():
+            return 0
+        room = self.backup.room()
+        return room if self.breaker.state == "closed" else min(room, 1)
 
     def delete(self, hashes: Sequence[PageHash], kind: "ObjectKind | str" = ObjectKind.PAGE) -> int:
         keys = [self.key(h, kind) for h in hashes]
@@ -256,7 +330,7 @@ class L3Store:
                     self._backup = BackupQueue(self)
         return self._backup
 
-    def put_async(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Buffer],
+    def put_async(self, hashes: Sequence[PageHash], kind: "ObjectKind | str", srcs: Sequence[Value],
                   *, tag: Any = None, on_done: Optional[Callable] = None):
         """Queue a backup; never blocks. Returns a :class:`~hicache.storage.backup.PutTicket`.
 
@@ -288,7 +362,8 @@ class L3Store:
             counts.update(bq.counters())
         return StoreStats(self.namespace, counts, self.rejected.snapshot(), self.faults.snapshot(),
                           self.breaker.state, self.breaker.trips, self.breaker.refused,
-                          bq.pending_objects if bq else 0, bq.pending_bytes if bq else 0, bstats)
+                          bq.pending_objects if bq else 0, bq.pending_bytes if bq else 0, bstats,
+                          io=self.io.snapshot())
 
     def close(self, timeout: float = 5.0) -> None:
         """Finish queued backups (up to ``timeout``), drop the rest, close the backend."""

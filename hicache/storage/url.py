@@ -16,9 +16,16 @@ Options go in the query string or as keyword arguments to :func:`open_backend` (
 arguments win): ``capacity`` (memory, file: bytes, ``4GiB``), ``fsync`` (file: 0/1);
 for Redis ``connect_timeout`` and ``timeout`` (seconds), ``connections`` (parallel
 connections per batch), ``pipeline`` (values in flight per connection), ``db``,
-``username``, ``password`` (also in the URL's user part), ``ssl_ca_certs``,
-``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` (``required`` | ``none``). Unknown
-schemes and options raise :class:`ConfigError` naming them.
+``username``, ``password`` (also in the URL's user part), and with a TLS scheme
+``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` (``required`` |
+``none``) and ``ssl_check_hostname`` (1 by default whenever certificates are required: the
+server's certificate must name the host dialled; 0 turns that check off). Unknown schemes
+and options raise :class:`ConfigError` naming them -- never echoing an option's value, which
+may be a mistyped password.
+
+The user part ends at the *last* ``@`` before the host, so a password may hold ``/``, ``?``,
+``#`` or ``@`` unescaped (percent-escapes work too); only ``?name=`` inside a password must
+be escaped (``%3F``), since that is where the query string starts.
 
 Opening never touches the network: a Redis that is down at start is a fault counted on
 first use (and a tripped breaker), not a failure to build the cache.
@@ -26,6 +33,8 @@ first use (and a tripped breaker), not a failure to build the cache.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
@@ -34,33 +43,70 @@ from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, StorageBackend
 from hicache.units import parse_bytes
 
 SCHEMES = ("memory", "file", "redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+_TLS_OPTS = {"ssl_ca_certs": str, "ssl_certfile": str, "ssl_keyfile": str, "ssl_cert_reqs": str,
+             "ssl_check_hostname": bool}
 _REDIS_OPTS = {"connect_timeout": float, "timeout": float, "connections": int, "pipeline": int,
-               "db": int, "username": str, "password": str, "ssl_ca_certs": str, "ssl_certfile": str,
-               "ssl_keyfile": str, "ssl_cert_reqs": str, "socket_buffer": int}
+               "db": int, "username": str, "password": str, "socket_buffer": int, **_TLS_OPTS}
 _OPTS = {"memory": {"capacity"}, "file": {"capacity", "fsync"}}
+# Where a query string starts: "?name=" (a "?" elsewhere may be part of a password).
+_QUERY_START = re.compile(r"\?[A-Za-z_][A-Za-z0-9_]*=")
 
 
-def mask_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (for stats and logs)."""
+class _Hidden:
+    """Stands for a value an error must not print (an unknown option may be a password)."""
+
+    def __repr__(self) -> str:
+        return "<not shown>"
+
+
+HIDDEN = _Hidden()
+
+
+def split_userinfo(after_scheme: str) -> tuple[str | None, str]:
+    """Split what follows ``scheme://`` into (user part or None, the rest).
+
+    The user part ends at the last ``@`` of the authority; an ``@`` inside the query
+    string (after ``?name=``) belongs to an option's value. A rest starting with ``/``
+    (``file:///dir``, ``unix:///sock``) has no authority, so no user part.
+    """
+    if after_scheme.startswith("/"):
+        return None, after_scheme
+    end = len(after_scheme)
+    while (at := after_scheme.rfind("@", 0, end)) >= 0:
+        if not _QUERY_START.search(after_scheme, 0, at):
+            return after_scheme[:at], after_scheme[at + 1:]
+        end = at
+    return None, after_scheme
+
+
+def mask_url(url: object) -> str:
+    """The URL with its password replaced by ``***`` (for stats, logs, errors, reports).
+
+    Both places a password can sit are masked: the user part (``user:***@host``, or
+    ``:***@host`` for a password alone) and a ``password=`` option. A string without
+    ``scheme://`` is masked the same way (a URL whose scheme was forgotten).
+    """
+    if not isinstance(url, str):
+        return repr(url)
     scheme, sep, rest = url.partition("://")
     if not sep:
-        return url
+        scheme, rest = "", url
+    userinfo, rest = split_userinfo(rest)
     rest, q, query = rest.partition("?")
-    netloc, slash, path = rest.partition("/")
-    if "@" in netloc:
-        user, _, hosts = netloc.rpartition("@")
-        name = user.split(":", 1)[0] if ":" in user else ""
-        netloc = f"{name}:***@{hosts}"
+    head = f"{scheme}://" if sep else ""
+    if userinfo is not None:
+        user = userinfo.split(":", 1)[0] if ":" in userinfo else ""
+        head += f"{user}:***@"
     if query:
-        query = "&".join("password=***" if p.startswith("password=") else p for p in query.split("&"))
-    return f"{scheme}://{netloc}{slash}{path}" + (f"?{query}" if q else "")
+        query = "&".join("password=***" if p.split("=", 1)[0] == "password" else p for p in query.split("&"))
+    return head + rest + (f"?{query}" if q else "")
 
 
-def _opt(options: dict, name: str, conv, url: str) -> Any:
+def _opt(options: dict, name: str, conv) -> Any:
     value = options.pop(name)
-    if conv == "bytes":
-        return parse_bytes(value, f"storage_url.{name}")
     try:
+        if conv == "bytes":
+            return parse_bytes(value, f"storage_url.{name}")
         if conv is bool:
             if isinstance(value, bool):
                 return value
@@ -69,107 +115,60 @@ def _opt(options: dict, name: str, conv, url: str) -> Any:
             if str(value).lower() in ("0", "false", "no", "off"):
                 return False
             raise ValueError
-        return conv(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"storage_url.{name}", value, f"cannot parse for {mask_url(url)}") from None
+        out = conv(value)
+        if isinstance(out, float) and not math.isfinite(out):
+            raise ValueError
+        return out
+    except (TypeError, ValueError):  # ConfigError is a ValueError: its message echoes the value
+        expect = {"bytes": "a byte size like 4GiB", bool: "0 or 1", int: "an integer",
+                  float: "a finite number", str: "text"}[conv]
+        raise ConfigError(f"storage_url.{name}", HIDDEN, f"cannot parse (expected {expect})") from None
 
 
 def open_backend(url: str, **options: Any) -> StorageBackend:
     """Open the backend a URL names (see module doc). Raises ConfigError for bad URLs."""
     if not isinstance(url, str) or "://" not in url:
-        raise ConfigError("storage_url", url, f"must be a URL with one of the schemes {list(SCHEMES)}")
+        raise ConfigError("storage_url", mask_url(url) if isinstance(url, str) else url,
+                          f"must be a URL with one of the schemes {list(SCHEMES)}")
     scheme, _, rest = url.partition("://")
     scheme = scheme.lower()
+    masked = mask_url(url)
     if scheme not in SCHEMES:
-        raise ConfigError("storage_url", mask_url(url),
-                          f"unknown scheme {scheme!r}; expected one of {list(SCHEMES)}")
+        raise ConfigError("storage_url", masked, f"unknown scheme {scheme!r}; expected one of {list(SCHEMES)}")
+    userinfo, rest = split_userinfo(rest)
     rest, _, query = rest.partition("?")
     opts: dict[str, Any] = dict(parse_qsl(query, keep_blank_values=True))
     opts.update({k: v for k, v in options.items() if v is not None})
     allowed = _OPTS.get(scheme, set(_REDIS_OPTS))
     unknown = sorted(set(opts) - allowed)
     if unknown:
-        raise ConfigError(f"storage_url.{unknown[0]}", opts[unknown[0]],
+        raise ConfigError(f"storage_url.{unknown[0]}", HIDDEN,
                           f"unknown option for {scheme}://; expected one of {sorted(allowed)}")
+    if scheme in _OPTS and userinfo is not None:
+        raise ConfigError("storage_url", masked, f"{scheme}:// takes no user or password")
     if scheme == "memory":
         from hicache.storage.memory import DEFAULT_MEMORY_CAPACITY, MemoryBackend
 
-        cap = _opt(opts, "capacity", "bytes", url) if "capacity" in opts else DEFAULT_MEMORY_CAPACITY
+        cap = _opt(opts, "capacity", "bytes") if "capacity" in opts else DEFAULT_MEMORY_CAPACITY
         backend: StorageBackend = MemoryBackend(cap, name=unquote(rest.strip("/")))
     elif scheme == "file":
         from hicache.storage.file import DEFAULT_FILE_CAPACITY, FileBackend
 
         path = unquote(rest)
         if not path or path == "/":
-            raise ConfigError("storage_url", url, "file:// needs a directory, e.g. file:///var/cache/hicache")
-        cap = _opt(opts, "capacity", "bytes", url) if "capacity" in opts else DEFAULT_FILE_CAPACITY
-        fsync = _opt(opts, "fsync", bool, url) if "fsync" in opts else False
+            raise ConfigError("storage_url", masked, "file:// needs a directory, e.g. file:///var/cache/hicache")
+        if not path.startswith("/"):
+            raise ConfigError("storage_url", masked,
+                              "file:// needs an absolute directory after the third slash, "
+                              "e.g. file:///var/cache/hicache")
+        cap = _opt(opts, "capacity", "bytes") if "capacity" in opts else DEFAULT_FILE_CAPACITY
+        fsync = _opt(opts, "fsync", bool) if "fsync" in opts else False
         backend = FileBackend(path, cap, fsync=fsync)
     else:
-        backend = _open_redis(url, scheme, rest, opts)
+        from hicache.storage.redis_url import open_redis
+
+        backend = open_redis(scheme, userinfo, rest, opts, masked)
     assert backend.protocol_version == STORAGE_PROTOCOL_VERSION, (
         f"{type(backend).__name__} speaks storage protocol {backend.protocol_version}, "
         f"expected {STORAGE_PROTOCOL_VERSION}")
     return backend
-
-
-def _open_redis(url: str, scheme: str, rest: str, opts: dict) -> StorageBackend:
-    from hicache.storage.resp import Endpoint, RedisOptions
-
-    kw: dict[str, Any] = {}
-    conv = {k: _opt(opts, k, c, url) for k, c in list(_REDIS_OPTS.items()) if k in opts}
-    netloc, _, path = rest.partition("/") if scheme != "unix" else ("", "", rest)
-    if "@" in netloc:
-        userinfo, _, netloc = netloc.rpartition("@")
-        user, colon, pw = userinfo.partition(":")
-        if colon:
-            kw["username"] = unquote(user) or None
-            kw["password"] = unquote(pw)
-        else:
-            kw["password"] = unquote(user)  # redis://secret@host: a password alone
-    for name, field in (("connect_timeout", "connect_timeout_s"), ("timeout", "op_timeout_s"),
-                        ("socket_buffer", "socket_buffer_bytes")):
-        if name in conv:
-            conv[field] = conv.pop(name)
-    kw.update(conv)
-    for name, opt in (("connect_timeout_s", "connect_timeout"), ("op_timeout_s", "timeout")):
-        if name in kw and not kw[name] > 0:
-            raise ConfigError(f"storage_url.{opt}", kw[name], "must be > 0 seconds")
-    for name in ("connections", "pipeline"):
-        if name in kw and kw[name] < 1:
-            raise ConfigError(f"storage_url.{name}", kw[name], "must be >= 1")
-    if kw.get("ssl_cert_reqs", "required") not in ("required", "none"):
-        raise ConfigError("storage_url.ssl_cert_reqs", kw["ssl_cert_reqs"], "must be 'required' or 'none'")
-    kw["tls"] = scheme.startswith("rediss")
-    masked = mask_url(url)
-    if scheme == "unix":
-        sock_path = unquote(path)
-        if not sock_path.startswith("/"):
-            raise ConfigError("storage_url", masked, "unix:// needs an absolute socket path: unix:///run/redis.sock")
-        from hicache.storage.redis_node import RedisBackend
-
-        return RedisBackend(Endpoint(path=sock_path), RedisOptions(**kw), masked)
-    if path.strip("/"):
-        try:
-            kw.setdefault("db", int(path.strip("/")))
-        except ValueError:
-            raise ConfigError("storage_url", masked, f"database {path.strip('/')!r} must be a number") from None
-    endpoints = []
-    for hp in netloc.split(","):
-        host, colon, port = hp.rpartition(":") if hp.rfind(":") > hp.rfind("]") else (hp, "", "")
-        host = host.strip("[]") or "127.0.0.1"
-        try:
-            endpoints.append(Endpoint(host=host, port=int(port) if colon else 6379))
-        except ValueError:
-            raise ConfigError("storage_url", masked, f"bad port in {hp!r}") from None
-    if scheme.endswith("+cluster"):
-        if kw.get("db"):
-            raise ConfigError("storage_url.db", kw["db"], "Redis Cluster has only database 0")
-        from hicache.storage.cluster import RedisClusterBackend
-
-        return RedisClusterBackend(endpoints, RedisOptions(**kw), masked)
-    if len(endpoints) != 1:
-        raise ConfigError("storage_url", masked, "several hosts need the redis+cluster:// scheme")
-    from hicache.storage.redis_node import RedisBackend
-
-    return RedisBackend(endpoints[0], RedisOptions(**kw), masked)

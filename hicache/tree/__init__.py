@@ -1,21 +1,26 @@
 """Layer 2: the radix tree that knows which prefix exists in which tier.
 
-Interface: :class:`RadixTree` (walk / insert / split / locks), :class:`TreeNode`,
-:class:`Snapshot`, the chained page hash (:func:`page_hash`, :func:`chain_hashes`),
-eviction (:func:`device_victims`, :func:`host_victims`, :func:`snapshot_victims`,
-:func:`get_strategy`) and retention (:class:`RetentionPolicy`). Pure bookkeeping over ids:
-it never frees or copies bytes. Imports only :mod:`hicache.layout` (and errors).
+Interface: :class:`RadixTree` (walk / resume points / insert / split / locks / subtree
+removal / eviction order / evictable totals), :class:`TreeNode`, :class:`Snapshot`, the chained page hash
+(:func:`page_hash`, :func:`chain_hashes`), eviction (:func:`device_victims`,
+:func:`host_victims`, :func:`snapshot_victims`, :func:`get_strategy`, the
+:class:`EvictionStrategy` protocol) and retention (:class:`RetentionPolicy`). Pure
+bookkeeping over ids: it never frees or copies bytes. Imports only :mod:`hicache.layout`
+(and errors).
 """
 
-from hicache.tree.eviction import (LFU, LRU, STRATEGIES, EvictionStrategy, device_victims,
+from hicache.tree.eviction import (LFU, LRU, STRATEGIES, AccessStrategy, EvictionStrategy, device_victims,
                                    get_strategy, host_victims, snapshot_victims)
-from hicache.tree.node import HASH_BYTES, ROOT_HASH, Snapshot, TreeNode, chain_hashes, page_hash
-from hicache.tree.radix import InsertResult, PathMatch, RadixTree
+from hicache.tree.insert import InsertResult
+from hicache.tree.node import HASH_BYTES, ROOT_HASH, Snapshot, TreeNode, chain_hashes, page_hash, token_bytes
+from hicache.tree.order import EvictionOrder
+from hicache.tree.paths import PathMatch, ResumePoint
+from hicache.tree.radix import RadixTree, Removed
 from hicache.tree.retention import Boundary, Decision, RetentionPolicy
 
 __all__ = [
-    "LFU", "LRU", "STRATEGIES", "EvictionStrategy", "device_victims", "get_strategy",
+    "LFU", "LRU", "STRATEGIES", "AccessStrategy", "EvictionStrategy", "device_victims", "get_strategy",
     "host_victims", "snapshot_victims", "HASH_BYTES", "ROOT_HASH", "Snapshot", "TreeNode",
-    "chain_hashes", "page_hash", "InsertResult", "PathMatch", "RadixTree", "Boundary",
-    "Decision", "RetentionPolicy",
+    "chain_hashes", "page_hash", "token_bytes", "InsertResult", "EvictionOrder", "PathMatch", "RadixTree",
+    "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy",
 ]

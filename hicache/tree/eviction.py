@@ -3,10 +3,11 @@
 Victims are chosen leaf-first among unlocked nodes, lowest priority first::
 
     device tier: nodes on the device, no child on the device, no lock, no copy in flight
-    host tier:   nodes on the host only (no device copy), no children, no host lock
+    host tier:   nodes on the host only (no device copy), no children, no lock, no copy
+                 in flight, no locked snapshot at their end
 
-After the caller evicts a victim its parent may become eligible; the generators re-check
-it, so one pass evicts a whole cold branch bottom-up.
+After the caller evicts a victim its parent may become eligible; it then joins the order
+at once, so one pass evicts a whole cold branch bottom-up.
 
 Dead tails go first. With state families (hybrid models) a request can only resume at a
 boundary that has a snapshot, so a childless node whose end has none (its snapshot was
@@ -14,13 +15,24 @@ evicted or never kept) can never be a resume point: its pages serve no hit. Such
 evicted before any live one, whatever the strategy says; layouts without state have no
 snapshots at all, so for them every node ranks alike and the strategy alone decides::
 
-    key = (has children or a snapshot at its end, strategy.priority(...), node_id)
+    key = (has children or a snapshot at its end, strategy.node_priority(node), node_id)
+
+The order is not computed here: the tree keeps it current as nodes change
+(:mod:`hicache.tree.order`), so each victim costs O(log n) whatever the tree's size. The
+functions below are the entry points the cache calls.
+
+A strategy is the pluggable part: an object with a ``name`` and two priority functions
+(smaller is evicted first). They may read any field of the node or snapshot; the order
+recomputes them on every change the tree observes (access, lock, residency, copies,
+snapshot changes). A value-aware policy (a score per page run and per snapshot, e.g.
+expected hits per byte) plugs in here; since page runs and snapshots are then ranked on
+one scale, a caller wanting one budget across both merges ``device_victims`` and
+``snapshot_victims`` by that priority.
 """
 
 
 from __future__ import annotations
 
-import heapq
 from typing import Callable, Iterator, Protocol
 
 from hicache.errors import ConfigError
@@ -29,14 +41,35 @@ from hicache.tree.radix import RadixTree
 
 
 class EvictionStrategy(Protocol):
-    """Orders victims: the smallest ``priority`` is evicted first."""
+    """Orders victims: the smallest priority is evicted first.
+
+    ``name`` identifies the strategy: one tree keeps one order per (strategy type, name),
+    so two instances of a type with the same name must rank alike.
+    """
 
     name: str
 
-    def priority(self, last_access: float, hit_count: int) -> tuple: ...
+    def node_priority(self, node: TreeNode) -> tuple: ...
+
+    def snapshot_priority(self, node: TreeNode, snap: Snapshot) -> tuple: ...
 
 
-class LRU:
+class AccessStrategy:
+    """A strategy over access time and hit count only: ``priority(last_access, hit_count)``."""
+
+    name = "access"
+
+    def priority(self, last_access: float, hit_count: int) -> tuple:
+        raise NotImplementedError
+
+    def node_priority(self, node: TreeNode) -> tuple:
+        return self.priority(node.last_access, node.hit_count)
+
+    def snapshot_priority(self, node: TreeNode, snap: Snapshot) -> tuple:
+        return self.priority(snap.last_access, 0)
+
+
+class LRU(AccessStrategy):
     """Least recently used first."""
 
     name = "lru"
@@ -45,7 +78,7 @@ class LRU:
         return (last_access,)
 
 
-class LFU:
+class LFU(AccessStrategy):
     """Least frequently used first; ties broken by age."""
 
     name = "lfu"
@@ -66,47 +99,19 @@ def get_strategy(name: str | EvictionStrategy) -> EvictionStrategy:
         raise ConfigError("eviction", name, f"must be one of {sorted(STRATEGIES)}") from None
 
 
-def _victims(tree: RadixTree, strategy: EvictionStrategy,
-             eligible: Callable[[TreeNode], bool]) -> Iterator[TreeNode]:
-    def key(n: TreeNode) -> tuple:
-        alive = (not tree.needs_snapshots or bool(n.children)
-                 or (n.snapshot is not None and not n.snapshot.empty))
-        return (alive, strategy.priority(n.last_access, n.hit_count))
-
-    heap = [(key(n), n.node_id, n) for n in tree.nodes() if eligible(n)]
-    heapq.heapify(heap)
-    seen = {n.node_id for _, _, n in heap}
-    while heap:
-        _, _, node = heapq.heappop(heap)
-        if not eligible(node):  # changed since it was queued
-            seen.discard(node.node_id)
-            continue
-        parent = node.parent
-        yield node
-        if parent is not None and not parent.is_root and parent.node_id not in seen and eligible(parent):
-            seen.add(parent.node_id)
-            heapq.heappush(heap, (key(parent), parent.node_id, parent))
-
-
 def device_victims(tree: RadixTree, strategy: EvictionStrategy,
-                   busy: Callable[[TreeNode], bool] = lambda n: False) -> Iterator[TreeNode]:
-    """Nodes whose device pages may go, coldest first (the caller demotes or drops each)."""
+                   busy: Callable[[TreeNode], bool] | None = None) -> Iterator[TreeNode]:
+    """Nodes whose device pages may go, coldest first (the caller demotes or drops each).
 
-    def eligible(n: TreeNode) -> bool:
-        return (n.parent is not None and n.on_device and n.lock_device == 0 and n.backup_pending == 0
-                and not busy(n) and not any(c.on_device for c in n.children.values()))
-
-    return _victims(tree, strategy, eligible)
+    ``busy`` (optional) passes over more nodes, each checked as it comes up; the tree
+    already leaves out every node whose copies are in flight.
+    """
+    return tree.eviction_order(strategy).device_victims(busy)
 
 
 def host_victims(tree: RadixTree, strategy: EvictionStrategy) -> Iterator[TreeNode]:
     """Host-only leaves whose host pages may go, coldest first (the caller removes each)."""
-
-    def eligible(n: TreeNode) -> bool:
-        return (n.parent is not None and n.is_shadow and not n.children and n.lock_host == 0
-                and n.lock_device == 0)
-
-    return _victims(tree, strategy, eligible)
+    return tree.eviction_order(strategy).host_victims()
 
 
 def snapshot_victims(tree: RadixTree, strategy: EvictionStrategy, tier: str) -> Iterator[tuple[TreeNode, Snapshot]]:
@@ -115,17 +120,4 @@ def snapshot_victims(tree: RadixTree, strategy: EvictionStrategy, tier: str) -> 
     On the host, only snapshots without a device copy are candidates (the device copy is
     the one in use; its host copy is its backup).
     """
-    def eligible(s: Snapshot) -> bool:
-        if s.lock or s.backup_pending or s.put_pending:
-            return False
-        if tier == "device":
-            return s.device_id is not None
-        return s.host_id is not None and s.device_id is None
-
-    heap = [(strategy.priority(s.last_access, 0), n.node_id, n, s)
-            for n, s in tree.snapshots() if eligible(s)]
-    heapq.heapify(heap)
-    while heap:
-        _, _, node, snap = heapq.heappop(heap)
-        if node.snapshot is snap and eligible(snap):
-            yield node, snap
+    return tree.eviction_order(strategy).snapshot_victims(tier)

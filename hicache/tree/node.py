@@ -1,4 +1,4 @@
-"""Tree nodes and chained page hashes.
+"""Tree nodes, state snapshots and chained page hashes.
 
 A node holds a run of whole pages (``len(tokens) == num_pages * page_tokens``) and where
 those pages live::
@@ -8,9 +8,19 @@ those pages live::
     node.device_ids  [d0,      d1,      ...,      d(k-1)] or None  (all or none)
     node.host_ids    [c0,      c1,      ...,      c(k-1)] or None  (all or none)
     node.snapshot    state snapshot for the boundary at the node's END (device / host ids)
+    node.depth       pages from the root to the node's end (a split keeps it on the lower part)
 
 Residency is per node: a node is on the device, on the host, or both. A node whose device
 pages were evicted but whose host copy remains is a *shadow* node; it still matches.
+
+Tokens are kept as their int32 little-endian bytes (``token_bytes``): comparing a page run
+with a request is one ``memcmp`` and a child's key is a slice, with no numpy call per
+node; ``tokens`` is a read-only int32 view of those bytes.
+
+Writes are observed. The fields eviction reads (residency, locks, copies in flight, access
+times, the snapshot and its flags) report every write to the node's tree, which keeps its
+eviction order and evictable totals current (see :mod:`hicache.tree.watch`): whoever changes a node -- the tree
+or the cache -- needs no separate notification. Other attributes are plain slots.
 
 Page hashes are chained: ``h_i = SHA-256(seed | h_{i-1} | tokens of page i as int32 LE)``,
 so equal hashes mean equal prefixes, and every process computes the same value (no
@@ -20,79 +30,155 @@ so equal hashes mean equal prefixes, and every process computes the same value (
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
 HASH_BYTES = 32
 ROOT_HASH = b"\x00" * HASH_BYTES
+TOKEN_BYTES = 4  # int32 little-endian
+UNCOUNTED = (0, 0)  # a node's or snapshot's (device, host) share of the evictable totals: none
+
+_set = object.__setattr__
 
 
-def page_hash(seed: bytes, parent: bytes, page_tokens: np.ndarray) -> bytes:
+def token_bytes(tokens: np.ndarray) -> bytes:
+    """The int32 little-endian bytes of ``tokens`` (what nodes store and hashes read)."""
+    return np.ascontiguousarray(tokens, dtype="<i4").tobytes()
+
+
+def page_hash(seed: bytes, parent: bytes, page_tokens: np.ndarray | bytes) -> bytes:
     """The chained hash of one page given its parent's hash."""
     h = hashlib.sha256(seed)
     h.update(parent)
-    h.update(np.ascontiguousarray(page_tokens, dtype="<i4").tobytes())
+    h.update(page_tokens if isinstance(page_tokens, bytes) else token_bytes(page_tokens))
     return h.digest()
 
 
-def chain_hashes(seed: bytes, parent: bytes, tokens: np.ndarray, page_tokens: int) -> list[bytes]:
-    """Hashes of every whole page of ``tokens``, chained from ``parent``."""
+def chain_hashes(seed: bytes, parent: bytes, tokens: np.ndarray | bytes, page_tokens: int) -> list[bytes]:
+    """Hashes of every whole page of ``tokens`` (an int32 array or its bytes), chained from ``parent``."""
+    data = tokens if isinstance(tokens, bytes) else token_bytes(tokens)
+    step = page_tokens * TOKEN_BYTES
     out = []
-    for start in range(0, len(tokens) - page_tokens + 1, page_tokens):
-        parent = page_hash(seed, parent, tokens[start: start + page_tokens])
+    sha = hashlib.sha256
+    for start in range(0, len(data) - step + 1, step):
+        h = sha(seed)
+        h.update(parent)
+        h.update(data[start: start + step])
+        parent = h.digest()
         out.append(parent)
     return out
 
 
-@dataclass(eq=False)
 class Snapshot:
     """A state snapshot for the boundary at the end of a node, per tier.
 
     ``lock`` counts running requests that need it (the one they resume from, the newest
-    one they published); locked snapshots are never evicted. ``provisional`` marks a
+    one they published); locked snapshots are never evicted. ``provisional_owner`` marks a
     snapshot kept only until its request offers a newer one (retention, see retention.py).
+    ``backup_pending`` / ``put_pending`` / ``loading``: a D2H backup, an L3 put or an H2D
+    load is reading or filling a copy of it; such a snapshot (and its node) is not evicted.
     """
 
-    device_id: int | None = None
-    host_id: int | None = None
-    lock: int = 0
-    provisional_owner: int | None = None
-    backup_pending: bool = False
-    put_pending: bool = False   # an L3 put is reading the host copy
-    last_access: float = 0.0
+    __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
+                 "loading", "last_access", "_node", "_counted")
+
+    def __init__(self, device_id: int | None = None, host_id: int | None = None, lock: int = 0,
+                 provisional_owner: int | None = None, backup_pending: bool = False, put_pending: bool = False,
+                 loading: bool = False, last_access: float = 0.0):
+        _set(self, "_node", None)  # the node it is attached to (set by ``node.snapshot = ...``)
+        _set(self, "_counted", UNCOUNTED)  # what it adds to its tree's evictable totals (watch.py)
+        _set(self, "device_id", device_id)
+        _set(self, "host_id", host_id)
+        _set(self, "lock", lock)
+        _set(self, "provisional_owner", provisional_owner)
+        _set(self, "backup_pending", backup_pending)
+        _set(self, "put_pending", put_pending)
+        _set(self, "loading", loading)
+        _set(self, "last_access", last_access)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        _set(self, name, value)
+        node = self._node
+        if node is not None and name != "provisional_owner":
+            watch = node._watch
+            if watch is not None:
+                watch.snapshot_changed(node, self, name)
 
     @property
     def empty(self) -> bool:
         return self.device_id is None and self.host_id is None
 
+    @property
+    def busy(self) -> bool:
+        """A copy of it is in flight (backup, L3 put or load)."""
+        return bool(self.backup_pending or self.put_pending or self.loading)
 
-@dataclass(eq=False)
+    def __repr__(self) -> str:
+        return f"Snapshot(device_id={self.device_id}, host_id={self.host_id}, lock={self.lock})"
+
+
+# Node fields whose writes can change eviction eligibility or order.
+_WATCHED = frozenset({"device_ids", "host_ids", "lock_device", "lock_host", "backup_pending", "load_ticket",
+                      "last_access", "hit_count", "snapshot"})
+
+
 class TreeNode:
     """One radix-tree node: a run of pages with their residency and bookkeeping."""
 
-    tokens: np.ndarray
-    hashes: list[bytes]
-    parent: "TreeNode | None"
-    device_ids: np.ndarray | None = None
-    host_ids: np.ndarray | None = None
-    children: dict[bytes, "TreeNode"] = field(default_factory=dict)
-    lock_device: int = 0     # running requests whose prefix covers this node
-    lock_host: int = 0       # in-flight loads reading the host copy
-    backup_pending: int = 0  # in-flight D2H copies reading the device copy
-    load_ticket: object | None = None  # the in-flight H2D copy filling the device copy
-    l3_put: object | None = None       # the in-flight L3 put reading the host copy
-    l3_stored: bool = False            # the host copy was written to L3 (or came from it)
-    from_l3: bool = False              # host copy fetched from L3 and not loaded since
-    last_access: float = 0.0
-    hit_count: int = 0
-    snapshot: Snapshot | None = None
-    node_id: int = 0
+    __slots__ = ("token_bytes", "hashes", "parent", "device_ids", "host_ids", "children", "lock_device",
+                 "lock_host", "backup_pending", "load_ticket", "l3_put", "l3_stored", "from_l3", "last_access",
+                 "hit_count", "snapshot", "node_id", "depth", "num_pages", "_watch", "_device_children", "_counted")
+
+    # lock_device: running requests whose prefix covers this node
+    # lock_host: in-flight loads (and L3 puts) reading the host copy
+    # backup_pending: in-flight D2H copies reading the device copy
+    # load_ticket: the in-flight H2D copy filling the device copy
+    # l3_put: the in-flight L3 put reading the host copy
+    # l3_stored: the host copy was written to L3 (or came from it)
+    # from_l3: host copy fetched from L3 and not loaded since
+    # depth: pages from the root to the node's end; num_pages: pages it holds (len(hashes))
+
+    def __init__(self, token_bytes: bytes, hashes: list[bytes], parent: "TreeNode | None", *,
+                 device_ids: np.ndarray | None = None, host_ids: np.ndarray | None = None, lock_device: int = 0,
+                 lock_host: int = 0, backup_pending: int = 0, load_ticket: object | None = None,
+                 l3_put: object | None = None, l3_stored: bool = False, from_l3: bool = False,
+                 last_access: float = 0.0, hit_count: int = 0, node_id: int = 0, depth: int = 0):
+        for name, value in (("_watch", None), ("_counted", UNCOUNTED), ("token_bytes", token_bytes), ("hashes", hashes), ("parent", parent),
+                            ("device_ids", device_ids), ("host_ids", host_ids), ("children", {}),
+                            ("lock_device", lock_device), ("lock_host", lock_host),
+                            ("backup_pending", backup_pending), ("load_ticket", load_ticket), ("l3_put", l3_put),
+                            ("l3_stored", l3_stored), ("from_l3", from_l3), ("last_access", last_access),
+                            ("hit_count", hit_count), ("snapshot", None), ("node_id", node_id), ("depth", depth),
+                            ("num_pages", len(hashes)), ("_device_children", 0)):
+            _set(self, name, value)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        watch = self._watch
+        if watch is None or name not in _WATCHED:
+            _set(self, name, value)
+        elif name == "device_ids":
+            was = self.device_ids is not None
+            _set(self, name, value)
+            watch.node_changed(self, residency=was != (value is not None))
+        elif name == "snapshot":
+            old = self.snapshot
+            if old is not None and old is not value and old._node is self:
+                _set(old, "_node", None)
+                watch.snapshot_detached(old)
+            _set(self, name, value)
+            if value is not None:
+                _set(value, "_node", self)
+                watch.snapshot_changed(self, value, "attach")
+            watch.node_changed(self)
+        else:
+            _set(self, name, value)
+            watch.node_changed(self)
 
     @property
-    def num_pages(self) -> int:
-        return len(self.hashes)
+    def tokens(self) -> np.ndarray:
+        """The node's tokens (a read-only int32 view of :attr:`token_bytes`)."""
+        return np.frombuffer(self.token_bytes, dtype="<i4")
 
     @property
     def is_root(self) -> bool:
@@ -111,19 +197,26 @@ class TreeNode:
         return self.device_ids is None and self.host_ids is not None
 
     @property
+    def busy(self) -> bool:
+        """A copy that eviction must not pull from under is in flight: the device copy is
+        loading, or the end-boundary snapshot is being backed up, put to L3 or loaded."""
+        snap = self.snapshot
+        return self.load_ticket is not None or (snap is not None and snap.busy)
+
+    @property
     def last_hash(self) -> bytes:
         return self.hashes[-1] if self.hashes else ROOT_HASH
 
     def first_page_key(self, page_tokens: int) -> bytes:
-        return self.tokens[:page_tokens].tobytes()
+        return self.token_bytes[: page_tokens * TOKEN_BYTES]
 
     def iter_ancestors(self) -> Iterator["TreeNode"]:
         """This node, then its parent, ... up to (excluding) the root."""
         node: TreeNode | None = self
-        while node is not None and not node.is_root:
+        while node is not None and node.parent is not None:
             yield node
             node = node.parent
 
     def __repr__(self) -> str:  # short: the tree prints many of them in assertion messages
-        where = ("D" if self.on_device else "") + ("H" if self.on_host else "")
+        where = ("D" if self.device_ids is not None else "") + ("H" if self.host_ids is not None else "")
         return f"<node#{self.node_id} pages={self.num_pages} {where or '-'} locks={self.lock_device}>"

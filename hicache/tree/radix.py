@@ -1,8 +1,16 @@
-"""The radix tree over pages: match, insert (publish), split, locks, removal.
+"""The radix tree over pages: walk, resume points, split, locks, removal, eviction order.
 
 The tree is pure bookkeeping: it records page and snapshot *ids* and never frees or copies
 bytes. Every operation that gives ids up returns them so the caller (the ``HiCache``
-facade) frees them in the pools.
+facade) frees them in the pools. Publishing (``insert``, ``insert_host``) is in
+:mod:`hicache.tree.insert`, resume points in :mod:`hicache.tree.paths`.
+
+Cost model: a walk costs one dict lookup and one ``memcmp`` per node on the path; locks,
+touches and resume scans are per node on the path; a node's ``depth`` is stored, so no
+operation walks to the root to learn it. Eviction order is kept current as nodes change
+(:mod:`hicache.tree.watch`), and so is what eviction could free at most (:meth:`evictable`);
+no operation scans the tree except :meth:`nodes`, :meth:`snapshots` and
+:meth:`check_integrity`.
 
 Invariants (checked by :meth:`RadixTree.check_integrity`):
 
@@ -10,59 +18,45 @@ Invariants (checked by :meth:`RadixTree.check_integrity`):
 * device residency is prefix-closed: a node on the device has a parent on the device (or
   the root), so the device part of any match is a prefix of it;
 * a node with device pages is evicted only once no child has device pages (leaf first);
-* ``len(node.tokens) == node.num_pages * page_tokens`` and children are keyed by the
-  bytes of their first page.
+* ``len(node.tokens) == node.num_pages * page_tokens``, children are keyed by the bytes of
+  their first page, ``node.depth == parent.depth + node.num_pages``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from hicache.tree.node import ROOT_HASH, Snapshot, TreeNode, chain_hashes
+from hicache.tree import insert as _insert
+from hicache.tree import paths as _paths
+from hicache.tree.node import TOKEN_BYTES, Snapshot, TreeNode, chain_hashes, token_bytes
+from hicache.tree.order import EvictionOrder
+from hicache.tree.watch import TreeWatch
+from hicache.tree.paths import PathMatch
+
+if TYPE_CHECKING:
+    from hicache.tree.eviction import EvictionStrategy
+
+_set = object.__setattr__
 
 
-@dataclass(frozen=True)
-class PathMatch:
-    """The walk of a token sequence down the tree.
+class Removed(NamedTuple):
+    """Ids a subtree removal gave up, for the caller to free; ``nodes`` in removal order
+    (children before parents), each node's ids in page order; ``snapshots`` the snapshot
+    objects detached, in the same order."""
 
-    ``segments`` holds ``(node, pages)`` pairs from the root down, where ``pages`` is how
-    many leading pages of that node matched (the last may be partial).
-    """
-
-    segments: tuple[tuple[TreeNode, int], ...]
-
-    @property
-    def num_pages(self) -> int:
-        return sum(p for _, p in self.segments)
-
-    @property
-    def last_hash(self) -> bytes:
-        if not self.segments:
-            return ROOT_HASH
-        node, pages = self.segments[-1]
-        return node.hashes[pages - 1]
+    device_pages: np.ndarray
+    host_pages: np.ndarray
+    device_snapshots: list[int]
+    host_snapshots: list[int]
+    nodes: list[TreeNode]
+    snapshots: list[Snapshot]
 
 
-@dataclass
-class InsertResult:
-    """What publishing pages did.
-
-    ``page_ids``: the device ids the request should now use for the published pages (its
-    own, or an identical page another request published first). ``duplicates``: the
-    request's own ids that lost to an existing page; the caller frees them.
-    ``private``: positions the request keeps private (the tree's copy was still loading).
-    ``new_nodes``: nodes created or given device pages by this insert (write-through
-    candidates). ``last``: the node whose end is the published boundary.
-    """
-
-    page_ids: np.ndarray
-    duplicates: np.ndarray
-    private: np.ndarray
-    new_nodes: list[TreeNode]
-    last: TreeNode
+def _ids(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 @dataclass
@@ -75,10 +69,14 @@ class RadixTree:
     root: TreeNode = field(init=False)
     clock: int = field(default=0, init=False)
     _next_id: int = field(default=1, init=False)
+    _shape: int = field(default=0, init=False)   # bumped by every split, add and removal
+    _last_walk: tuple | None = field(default=None, init=False, repr=False)
+    _watch: TreeWatch = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.root = TreeNode(tokens=np.zeros(0, np.int32), hashes=[], parent=None)
-        self.root.lock_device = 1  # never evicted
+        self._watch = TreeWatch(self.needs_snapshots)
+        self.root = TreeNode(b"", [], None, lock_device=1)  # never evicted
+        _set(self.root, "_watch", self._watch)
 
     # -- walking ------------------------------------------------------------------------
     def tick(self) -> int:
@@ -86,36 +84,75 @@ class RadixTree:
         self.clock += 1
         return self.clock
 
-    def walk(self, tokens: np.ndarray, max_pages: int) -> PathMatch:
-        """Follow whole pages of ``tokens`` (at most ``max_pages``) down the tree."""
-        P = self.page_tokens
+    def walk(self, tokens: np.ndarray | bytes, max_pages: int) -> PathMatch:
+        """Follow whole pages of ``tokens`` (at most ``max_pages``) down the tree.
+
+        The last walk is remembered with the tree's shape (bumped by every split, add and
+        removal): walking the same tokens again on an unchanged shape -- a ``load`` right
+        after its ``match`` -- returns the same path without comparing tokens again.
+        """
+        q = tokens if isinstance(tokens, bytes) else token_bytes(tokens)
+        last = self._last_walk
+        if last is not None and last[1] == max_pages and last[2] == self._shape and last[0] == q:
+            return last[3]   # the same tokens on the same tree shape (a load after its match)
+        W = self.page_tokens * TOKEN_BYTES
+        end = min(max_pages, len(q) // W)
         segments = []
-        node, pos, pages_left = self.root, 0, max_pages
-        while pages_left > 0:
-            child = node.children.get(tokens[pos: pos + P].tobytes()) if pos + P <= len(tokens) else None
+        node, pos = self.root, 0
+        while pos < end:
+            off = pos * W
+            child = node.children.get(q[off: off + W])
             if child is None:
                 break
-            limit = min(child.num_pages, pages_left)
-            a = child.tokens[: limit * P]
-            b = tokens[pos: pos + limit * P]
-            diff = np.flatnonzero(a != b)
-            matched = limit if diff.size == 0 else int(diff[0]) // P
-            assert matched >= 1, "the child key matched its first page"
+            k = child.num_pages
+            if pos + k <= end and child.token_bytes == q[off: off + k * W]:
+                matched = k   # the common case, inline: the whole node matches
+            else:
+                matched = self.common_pages(child, q, pos, end)
             segments.append((child, matched))
-            pos += matched * P
-            pages_left -= matched
-            if matched < child.num_pages:
+            pos += matched
+            if matched < k:
                 break
             node = child
-        return PathMatch(tuple(segments))
+        path = PathMatch(tuple(segments))
+        self._last_walk = (q, max_pages, self._shape, path)
+        return path
+
+    def common_pages(self, child: TreeNode, q: bytes, pos: int, end: int) -> int:
+        """How many leading pages of ``child`` equal pages ``pos, pos+1, ... < end`` of ``q``
+        (at least 1: children are keyed by their first page)."""
+        W = self.page_tokens * TOKEN_BYTES
+        limit = min(child.num_pages, end - pos)
+        mine = child.token_bytes
+        n = limit * W
+        if (mine if n == len(mine) else mine[:n]) == q[pos * W: pos * W + n]:
+            return limit
+        a = np.frombuffer(mine, "<i4", count=n // TOKEN_BYTES)
+        b = np.frombuffer(q, "<i4", count=n // TOKEN_BYTES, offset=pos * W)
+        matched = int(np.flatnonzero(a != b)[0]) // self.page_tokens
+        assert matched >= 1, "the child key matched its first page"
+        return matched
 
     def touch(self, match: PathMatch, *, hit: bool = True) -> None:
         """Record an access along a matched path (LRU time, LFU count)."""
         now = self.tick()
+        touched = self._watch.node_touched
         for node, _ in match.segments:
-            node.last_access = now
+            _set(node, "last_access", now)
             if hit:
-                node.hit_count += 1
+                _set(node, "hit_count", node.hit_count + 1)
+            touched(node)
+
+    def node_at(self, path: PathMatch, pages: int) -> TreeNode:
+        """The node ending exactly ``pages`` pages deep on ``path``, splitting one if needed."""
+        if pages == 0:
+            return self.root
+        for node, _ in path.segments:
+            if node.depth == pages:
+                return node
+            if node.depth > pages:
+                return self.split(node, pages - (node.depth - node.num_pages))
+        raise AssertionError(f"boundary {pages} is past the matched path")
 
     # -- structure ----------------------------------------------------------------------
     def split(self, node: TreeNode, pages: int) -> TreeNode:
@@ -128,39 +165,56 @@ class RadixTree:
             parent -> [ upper: p0 .. pk-1 ] -> [ node: pk .. pn-1 ]   (snapshot stays on node)
         """
         assert 0 < pages < node.num_pages, f"split of {node} at {pages} is not interior"
-        P = self.page_tokens
+        self._shape += 1
+        cut = pages * self.page_tokens * TOKEN_BYTES
+        parent = node.parent
+        assert parent is not None
+        key = node.first_page_key(self.page_tokens)
+        dev, host = node.device_ids, node.host_ids
         upper = TreeNode(
-            tokens=node.tokens[: pages * P], hashes=node.hashes[:pages], parent=node.parent,
-            device_ids=None if node.device_ids is None else node.device_ids[:pages],
-            host_ids=None if node.host_ids is None else node.host_ids[:pages],
-            lock_device=node.lock_device, lock_host=node.lock_host,
-            backup_pending=node.backup_pending, load_ticket=node.load_ticket,
-            l3_put=node.l3_put, l3_stored=node.l3_stored, from_l3=node.from_l3,
-            last_access=node.last_access,
-            hit_count=node.hit_count, node_id=self._new_id())
-        key = node.first_page_key(P)
-        node.tokens = node.tokens[pages * P:]
-        node.hashes = node.hashes[pages:]
-        if node.device_ids is not None:
-            node.device_ids = node.device_ids[pages:]
-        if node.host_ids is not None:
-            node.host_ids = node.host_ids[pages:]
-        assert node.parent is not None
-        node.parent.children[key] = upper
-        upper.children[node.first_page_key(P)] = node
-        node.parent = upper
+            node.token_bytes[:cut], node.hashes[:pages], parent,
+            device_ids=None if dev is None else dev[:pages], host_ids=None if host is None else host[:pages],
+            lock_device=node.lock_device, lock_host=node.lock_host, backup_pending=node.backup_pending,
+            load_ticket=node.load_ticket, l3_put=node.l3_put, l3_stored=node.l3_stored, from_l3=node.from_l3,
+            last_access=node.last_access, hit_count=node.hit_count, node_id=self._new_id(),
+            depth=node.depth - node.num_pages + pages)
+        _set(node, "token_bytes", node.token_bytes[cut:])
+        _set(node, "hashes", node.hashes[pages:])
+        _set(node, "num_pages", node.num_pages - pages)
+        if dev is not None:
+            _set(node, "device_ids", dev[pages:])
+        if host is not None:
+            _set(node, "host_ids", host[pages:])
+        parent.children[key] = upper
+        upper.children[node.first_page_key(self.page_tokens)] = node
+        _set(upper, "_device_children", int(dev is not None))
+        _set(node, "parent", upper)
+        _set(upper, "_watch", self._watch)
+        # Neither part changes eligibility (the upper node has a child, and a device child
+        # when it is on the device; the lower one keeps its fields, id and end), but the
+        # pages they count in the evictable totals move.
+        self._watch.node_changed(node)
+        self._watch.node_changed(upper)
         return upper
 
-    def add_child(self, parent: TreeNode, tokens: np.ndarray, *, device_ids: np.ndarray | None,
+    def add_child(self, parent: TreeNode, tokens: np.ndarray | bytes, *, device_ids: np.ndarray | None,
                   host_ids: np.ndarray | None) -> TreeNode:
+        """Hang a new node of whole pages below ``parent`` (hashes chained from it)."""
         P = self.page_tokens
-        assert len(tokens) % P == 0 and len(tokens) > 0, "a node holds whole pages"
-        hashes = chain_hashes(self.hash_seed, parent.last_hash, tokens, P)
-        node = TreeNode(tokens=tokens, hashes=hashes, parent=parent, device_ids=device_ids,
-                        host_ids=host_ids, last_access=self.tick(), node_id=self._new_id())
+        data = tokens if isinstance(tokens, bytes) else token_bytes(tokens)
+        assert len(data) % (P * TOKEN_BYTES) == 0 and data, "a node holds whole pages"
+        self._shape += 1
+        hashes = chain_hashes(self.hash_seed, parent.last_hash, data, P)
+        node = TreeNode(data, hashes, parent, device_ids=device_ids, host_ids=host_ids,
+                        last_access=self.tick(), node_id=self._new_id(), depth=parent.depth + len(hashes))
         key = node.first_page_key(P)
         assert key not in parent.children, "add_child over an existing child"
         parent.children[key] = node
+        _set(node, "_watch", self._watch)
+        if device_ids is not None:
+            _set(parent, "_device_children", parent._device_children + 1)
+        self._watch.node_changed(parent)
+        self._watch.node_changed(node)
         return node
 
     def remove(self, node: TreeNode) -> None:
@@ -169,114 +223,136 @@ class RadixTree:
         assert node.device_ids is None and node.host_ids is None, f"remove of {node} with pages"
         assert node.snapshot is None or node.snapshot.empty, f"remove of {node} with a snapshot"
         assert node.lock_device == 0 and node.lock_host == 0, f"remove of locked {node}"
-        assert node.parent is not None
-        del node.parent.children[node.first_page_key(self.page_tokens)]
-        node.parent = None
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.first_page_key(self.page_tokens)]
+        self._shape += 1
+        self._watch.node_removed(node)
+        _set(node, "_watch", None)
+        _set(node, "parent", None)
+        self._watch.node_changed(parent)
+
+    def remove_subtree(self, node: TreeNode, on_detach: Callable[[TreeNode], None] | None = None) -> Removed:
+        """Take every copy under and including ``node`` and detach those nodes.
+
+        Returns the ids for the caller to free. Nothing in the subtree may be locked or have
+        a snapshot that is locked or being backed up (the caller checks
+        :meth:`subtree_pinned` first when a copy could be in flight). ``on_detach(n)`` is
+        called for each node after its copies were taken, just before it leaves its parent
+        (for bookkeeping the caller keys by node).
+        """
+        order, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            order.append(n)
+            stack.extend(n.children.values())
+        order.reverse()  # children first
+        dev, host, dsnap, hsnap, snaps = [], [], [], [], []
+        for n in order:
+            assert n.lock_device == 0 and n.lock_host == 0, f"removing locked {n}"
+            if n.device_ids is not None:
+                dev.append(n.device_ids)
+                n.device_ids = None
+            if n.host_ids is not None:
+                host.append(n.host_ids)
+                n.host_ids = None
+            snap = n.snapshot
+            if snap is not None:
+                assert snap.lock == 0 and not snap.backup_pending, f"dropping a pinned snapshot on {n}"
+                if snap.device_id is not None:
+                    dsnap.append(snap.device_id)
+                if snap.host_id is not None:
+                    hsnap.append(snap.host_id)
+                snaps.append(snap)
+                n.snapshot = None
+            if on_detach is not None:
+                on_detach(n)
+            self.remove(n)
+        return Removed(_ids(dev), _ids(host), dsnap, hsnap, order, snaps)
+
+    def subtree_pinned(self, node: TreeNode, busy: Callable[[TreeNode], bool] | None = None) -> bool:
+        """True if removing ``node``'s subtree would take a copy someone is reading: a lock,
+        a copy in flight (``TreeNode.busy``), or ``busy(n)`` for any node in it."""
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.lock_host or n.lock_device or n.busy or (busy is not None and busy(n)):
+                return True
+            stack.extend(n.children.values())
+        return False
 
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
 
-    # -- publish ------------------------------------------------------------------------
-    def insert(self, tokens: np.ndarray, device_ids: np.ndarray) -> InsertResult:
-        """Publish ``len(device_ids)`` leading pages of ``tokens`` held on the device.
-
-        Pages already in the tree on the device keep the tree's id (the request's id is a
-        duplicate and is returned for freeing, unless it *is* the tree's id: a borrowed
-        page). Shadow nodes get the request's device ids back. The rest becomes a new leaf.
-        A node whose device copy is still loading (``load_ticket``) cannot be adopted: when
-        the request has its own copy of such a node, that copy and everything after it stay
-        private to the request (not published).
-        """
-        P = self.page_tokens
-        n = len(device_ids)
-        assert len(tokens) >= n * P, "fewer tokens than published pages"
-        ids = np.asarray(device_ids, dtype=np.int64).copy()
-        dup: list[np.ndarray] = []
-        private: list[int] = []
-        new_nodes: list[TreeNode] = []
-        node, pos = self.root, 0
-        while pos < n:
-            child = node.children.get(tokens[pos * P: (pos + 1) * P].tobytes())
-            if child is None:
-                leaf = self.add_child(node, tokens[pos * P: n * P].copy(), device_ids=ids[pos:].copy(),
-                                      host_ids=None)
-                new_nodes.append(leaf)
-                node, pos = leaf, n
-                break
-            limit = min(child.num_pages, n - pos)
-            diff = np.flatnonzero(child.tokens[: limit * P] != tokens[pos * P: (pos + limit) * P])
-            matched = limit if diff.size == 0 else int(diff[0]) // P
-            if matched < child.num_pages:
-                child = self.split(child, matched)
-            mine = ids[pos: pos + matched]
-            if child.device_ids is None:
-                assert node.is_root or node.on_device, "device residency must stay prefix-closed"
-                child.device_ids = mine.copy()
-                new_nodes.append(child)
-            elif child.load_ticket is not None and not np.array_equal(mine, child.device_ids):
-                # The tree's copy is still loading and ours is separate: keep ours private
-                # from here on (nothing may hang below a copy that could still fail).
-                private.extend(range(pos, n))
-                break
-            else:
-                theirs = child.device_ids
-                differ = mine != theirs
-                dup.append(mine[differ])
-                ids[pos: pos + matched] = theirs
-            node, pos = child, pos + matched
-        return InsertResult(page_ids=ids, duplicates=np.concatenate(dup) if dup else np.zeros(0, np.int64),
-                            private=np.asarray(private, np.int64), new_nodes=new_nodes, last=node)
-
-    def insert_host(self, tokens: np.ndarray, host_ids: np.ndarray, *, start_page: int = 0
-                    ) -> tuple[np.ndarray, TreeNode | None, list[TreeNode]]:
-        """Insert pages ``[start_page, start_page + len(host_ids))`` that exist only on the host
-        (an L3 prefetch). Pages before ``start_page`` must already be in the tree.
-
-        Returns the host ids the tree did not take (it had those pages already, or the
-        prefix before ``start_page`` is gone), the node ending at the last page (None if
-        nothing could be placed) and the nodes that got host ids.
-        """
-        P = self.page_tokens
-        ids = np.asarray(host_ids, np.int64)
-        n = start_page + len(ids)
-        path = self.walk(tokens, start_page)
-        if path.num_pages < start_page:
-            return ids.copy(), None, []
-        node = self.root
-        if path.segments:
-            seg, used = path.segments[-1]
-            node = seg if used == seg.num_pages else self.split(seg, used)
-        unused: list[np.ndarray] = []
-        added: list[TreeNode] = []
-        pos = start_page
-        while pos < n:
-            child = node.children.get(tokens[pos * P: (pos + 1) * P].tobytes())
-            mine = ids[pos - start_page:]
-            if child is None:
-                node = self.add_child(node, tokens[pos * P: n * P].copy(), device_ids=None, host_ids=mine.copy())
-                added.append(node)
-                break
-            limit = min(child.num_pages, n - pos)
-            diff = np.flatnonzero(child.tokens[: limit * P] != tokens[pos * P: (pos + limit) * P])
-            matched = limit if diff.size == 0 else int(diff[0]) // P
-            if matched < child.num_pages:
-                child = self.split(child, matched)
-            if child.host_ids is None and child.backup_pending == 0:
-                child.host_ids = mine[:matched].copy()  # a device-only page gains its backup
-                added.append(child)
-            else:
-                unused.append(mine[:matched])
-            node, pos = child, pos + matched
-        return (np.concatenate(unused) if unused else np.zeros(0, np.int64)), node, added
+    # -- publish (hicache.tree.insert) and resume points (hicache.tree.paths) ----------------
+    insert = _insert.insert
+    insert_host = _insert.insert_host
+    resume_point = _paths.resume_point
 
     # -- locks --------------------------------------------------------------------------
-    @staticmethod
-    def lock(node: TreeNode, delta: int = 1) -> None:
+    def lock(self, node: TreeNode, delta: int = 1) -> None:
         """Pin (or unpin, ``delta=-1``) the device pages of a node and all its ancestors."""
-        for n in node.iter_ancestors():
-            n.lock_device += delta
-            assert n.lock_device >= 0, f"unlock below zero on {n}"
+        changed, locked = self._watch.node_changed, self._watch.node_locked
+        n = node
+        while n.parent is not None:
+            old = n.lock_device
+            new = old + delta
+            assert new >= 0, f"unlock below zero on {n}"
+            _set(n, "lock_device", new)
+            if not old:        # eviction reads only "locked or not"
+                locked(n)
+            elif not new:
+                changed(n)
+            n = n.parent
+
+    def move_lock(self, old: TreeNode, new: TreeNode) -> None:
+        """Move one lock from ``old``'s path to ``new``'s: ``lock(new)`` then ``lock(old, -1)``,
+        touching only the nodes on one path and not the other (a publish that extends the
+        prefix a request holds costs the pages it adds, not its context)."""
+        gain: list[TreeNode] = []
+        drop: list[TreeNode] = []
+        a, b = old, new
+        while a is not b:
+            if a.depth >= b.depth and a.parent is not None:
+                drop.append(a)
+                a = a.parent
+            else:
+                assert b.parent is not None, "move_lock between nodes of different trees"
+                gain.append(b)
+                b = b.parent
+        changed, locked = self._watch.node_changed, self._watch.node_locked
+        for n in gain:
+            _set(n, "lock_device", n.lock_device + 1)
+            if n.lock_device == 1:
+                locked(n)
+        for n in drop:
+            assert n.lock_device > 0, f"unlock below zero on {n}"
+            _set(n, "lock_device", n.lock_device - 1)
+            if n.lock_device == 0:
+                changed(n)
+
+    # -- eviction order -------------------------------------------------------------------
+    def eviction_order(self, strategy: "EvictionStrategy") -> EvictionOrder:
+        """The victim order under ``strategy``, built on first use and kept current."""
+        return self._watch.eviction_order(strategy, self.nodes())
+
+    def evictable(self, tier: str, source: str) -> int:
+        """Pages (``source="page"``) or snapshots (``"state"``) of ``tier`` that no lock
+        holds: an upper bound on what eviction could free there, kept without a scan.
+
+        Device pages: nodes on the device with no device lock. Host pages: shadow nodes with
+        no lock. Device snapshots: unlocked with a device copy; host snapshots: unlocked
+        with only a host copy.
+        """
+        return (self._watch.pages if source == "page" else self._watch.snapshots)[tier]
+
+    def reprioritize(self, node: TreeNode) -> None:
+        """Recompute ``node``'s (and its snapshot's) place in every eviction order; for
+        strategies whose priority changed for a reason the tree does not observe."""
+        self._watch.node_changed(node)
+        if node.snapshot is not None:
+            self._watch.snapshot_changed(node, node.snapshot, "priority")
 
     # -- iteration ----------------------------------------------------------------------
     def nodes(self) -> Iterator[TreeNode]:
@@ -292,24 +368,34 @@ class RadixTree:
             if node.snapshot is not None and not node.snapshot.empty:
                 yield node, node.snapshot
 
-    def depth_pages(self, node: TreeNode) -> int:
+    @staticmethod
+    def depth_pages(node: TreeNode) -> int:
         """Pages from the root to the end of ``node``."""
-        return sum(n.num_pages for n in node.iter_ancestors())
+        return node.depth
 
     def check_integrity(self) -> None:
         P = self.page_tokens
-        for node in self.nodes():
+        nodes = list(self.nodes())
+        for node in nodes:
             parent = node.parent
             assert parent is not None and parent.children.get(node.first_page_key(P)) is node, \
                 f"{node} is not reachable under its first-page key"
-            assert len(node.tokens) == node.num_pages * P and node.num_pages > 0, f"{node}: ragged pages"
+            assert node._watch is self._watch, f"{node} does not report to this tree"
+            assert len(node.token_bytes) == node.num_pages * P * TOKEN_BYTES and node.num_pages > 0, \
+                f"{node}: ragged pages"
+            assert node.num_pages == len(node.hashes), f"{node}: page count is off"
+            assert node.depth == parent.depth + node.num_pages, f"{node}: depth {node.depth} is off"
             assert node.on_device or node.on_host, f"{node} holds no copy of its pages"
             for ids in (node.device_ids, node.host_ids):
                 assert ids is None or len(ids) == node.num_pages, f"{node}: id count != pages"
             if node.on_device:
                 assert parent.is_root or parent.on_device, f"{node} on device under a shadow parent"
+            assert node._device_children == sum(c.device_ids is not None for c in node.children.values()), \
+                f"{node}: device child count is off"
             assert node.lock_device >= sum(c.lock_device for c in node.children.values()), \
                 f"{node}: fewer locks than its children"
             assert node.lock_host >= 0 and node.backup_pending >= 0, f"{node}: negative counter"
             if node.snapshot is not None:
                 assert node.snapshot.lock >= 0, f"{node}: negative snapshot lock"
+                assert node.snapshot._node is node, f"{node}: its snapshot points elsewhere"
+        self._watch.check(nodes)

@@ -31,7 +31,7 @@ def mha_layout() -> CacheLayout:
 def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, host_snaps=16,
                write_policy="write_through", retention=None, eviction="lru", threshold=2,
                storage="memory://", prefetch_policy="wait_complete", salt="t",
-               host_tier="inclusive") -> HiCache:
+               host_tier="inclusive", transfer=None) -> HiCache:
     cfg = HiCacheConfig(
         pools=PoolConfig(device="cpu", device_bytes=1 << 20, host_bytes=1 << 20,
                          device_pages=device_pages, device_snapshots=device_snaps,
@@ -40,7 +40,7 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
         write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold, host_tier=host_tier),
         storage=StorageConfig(url=storage, salt=salt, prefetch_policy=prefetch_policy,
                               prefetch_threshold_tokens=P))
-    return HiCache(layout or hybrid_layout(), cfg)
+    return HiCache(layout or hybrid_layout(), cfg, transfer=transfer)
 
 
 def toks(*pages: int, extra: int = 0) -> np.ndarray:

@@ -114,6 +114,14 @@ def test_mla(fixtures_dir):
     ({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 66}, {}, "hf_config.hidden_size"),
     ({"num_hidden_layers": 0, "kv_lora_rank": 512, "qk_rope_head_dim": 64}, {}, "hf_config.num_hidden_layers"),
     ({"vocab_size": 5}, {}, "hf_config"),
+    # a traceback, a silent default or a memory blow-up before (issue 11)
+    (v4(), {"page_tokens": "abc"}, "page_tokens"),
+    (v4(), {"page_tokens": 0}, "page_tokens"),                    # 0 silently became 256
+    ({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64}, {"page_tokens": 0}, "page_tokens"),
+    (v4(), {"include_mtp": "yes"}, "include_mtp"),
+    (v4(), {"kv_format": ["fp8"]}, "kv_format"),
+    ({"num_hidden_layers": 10**9, "num_attention_heads": 4, "hidden_size": 64}, {}, "hf_config.num_hidden_layers"),
+    (v4(num_hidden_layers=5000), {}, "hf_config.num_hidden_layers"),
 ])
 def test_hf_bad_input(cfg, opts, field):
     with pytest.raises(ConfigError) as exc:
@@ -144,12 +152,36 @@ FAM = {"name": "kv", "kind": "history", "layers": "0-1", "tokens_per_row": 1, "r
     ({"layout": {"families": [FAM], "kv_format": "fp8"}}, "layout.kv_format"),
     ("layout: [unclosed", "config"),
     ("- just a list", "config"),
+    ({"layout": {"families": [dict(FAM, layers="0-99999999")]}}, "layout.families[0].layers"),
+    ({"layout": {"families": [dict(FAM, layers=",".join(["0-4095"] * 3))]}}, "layout.families[0].layers"),
+    ({"layout": {"families": [dict(FAM, layers=[4096])]}}, "layout.families[0].layers"),
+    ({"layout": {"families": [FAM, dict(FAM, name="kv2", index_source="state")]}}, "family 'kv2'.index_source"),
+    ({"model": ["m"], "layout": {"families": [FAM]}}, "model"),
+    ({"model": "m", "layout": {"families": [FAM]}, "storage_url": "redis://:secret@h"}, "storage_url"),
 ])
 def test_yaml_bad_input(tmp_path, data, field):
     with pytest.raises(ConfigError) as exc:
         CacheLayout.from_yaml(write(tmp_path, data))
     assert exc.value.field == field
     assert "c.yaml" in str(exc.value)
+
+
+def test_unknown_top_level_key_does_not_echo_its_value(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        CacheLayout.from_yaml(write(tmp_path, {"layout": {"families": [FAM]}, "storage_url": "redis://:secret@h"}))
+    assert "secret" not in str(exc.value)
+
+
+def test_non_utf8_files_are_config_errors(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_bytes(b"model: caf\xe9\nlayout: {}\n")
+    with pytest.raises(ConfigError, match="not UTF-8 text .byte 0xe9 at offset 10"):
+        CacheLayout.from_yaml(p)
+    j = tmp_path / "config.json"
+    j.write_bytes(b'{"model_type": "\xff"}')
+    with pytest.raises(ConfigError) as exc:
+        CacheLayout.from_hf_config(j)
+    assert exc.value.field == "hf_config" and "not UTF-8" in str(exc.value)
 
 
 def test_yaml_missing_file(tmp_path):

@@ -48,6 +48,14 @@ def test_host_budget_over_available_memory_is_refused(configs_dir):
     assert exc.value.field in ("host_ratio", "device_bytes")
 
 
+def test_huge_id_counts_are_refused_even_when_ids_hold_no_bytes():
+    lay = CacheLayout.from_hf_config({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64})
+    assert lay.object_bytes("state") == 0    # snapshots cost nothing but their allocator's arrays
+    with pytest.raises(ConfigError, match="for their allocators") as exc:
+        plan_pools(lay, PoolConfig(device_bytes=MiB, device_snapshots=10**12), available_bytes=16 * GiB)
+    assert exc.value.field == "device_snapshots"
+
+
 def test_budget_too_small_for_one_page(configs_dir):
     with pytest.raises(ConfigError, match="smaller than one history page") as exc:
         plan_pools(flash(configs_dir), PoolConfig(device_bytes=1000), available_bytes=100 * GiB)
@@ -59,6 +67,8 @@ def test_budget_too_small_for_one_page(configs_dir):
     (dict(host_ratio=0), "host_ratio"), (dict(state_share=1.0), "state_share"),
     (dict(host_layout="page_last"), "host_layout"), (dict(device="tpu"), "device"),
     (dict(device_pages=-1), "device_pages"), (dict(host_bytes=0), "host_bytes"),
+    (dict(host_ratio=float("nan")), "host_ratio"), (dict(host_ratio=float("inf")), "host_ratio"),
+    (dict(host_bytes=True), "host_bytes"), (dict(device="cuda:x"), "device"),
 ])
 def test_pool_config_bad_input(kwargs, field):
     with pytest.raises(ConfigError) as exc:
@@ -100,3 +110,27 @@ def test_load_config_with_hf_override(configs_dir, fixtures_dir):
     layout, _ = load_config(configs_dir / "deepseek-v4-flash.yaml",
                             hf_config=str(fixtures_dir / "deepseek-v4-flash.config.json"))
     assert layout.fingerprint == CacheLayout.from_yaml(configs_dir / "deepseek-v4-flash.yaml").fingerprint
+
+
+@pytest.mark.parametrize("text", ["inf", float("inf"), float("nan"), "9" * 400 + "GiB", 1e400])
+def test_byte_sizes_must_be_finite(text):
+    from hicache.units import parse_bytes
+
+    with pytest.raises(ConfigError, match="finite|byte size") as exc:
+        parse_bytes(text, "cache.host_bytes")
+    assert exc.value.field == "cache.host_bytes"
+
+
+@pytest.mark.parametrize("section", [[1, 2], "fast", 3])
+def test_cache_section_must_be_a_mapping(section):
+    with pytest.raises(ConfigError) as exc:
+        cache_config_from_mapping(section, source="c.yaml")
+    assert exc.value.field == "cache" and "c.yaml" in str(exc.value)
+
+
+def test_resolve_device_refuses_unknown_names():
+    from hicache.pools.config import resolve_device
+
+    with pytest.raises(ConfigError) as exc:
+        resolve_device("nope")
+    assert exc.value.field == "device"

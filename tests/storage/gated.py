@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from hicache.storage.backend import STORAGE_PROTOCOL_VERSION
+
 
 class Gate:
     """Open (``set``), closed (``clear``), or closed with ``allow(n)`` calls let through."""
@@ -39,7 +41,7 @@ class ForwardingBackend:
     """Forwards every backend call to ``inner``; ``_before(op, n)`` runs ahead of the
     calls that move data (exists, exists_prefix, get_into, put), for subclasses to hook."""
 
-    protocol_version = 1
+    protocol_version = STORAGE_PROTOCOL_VERSION
     kind = "forwarding"
     url = "forwarding://"
 
@@ -67,6 +69,9 @@ class ForwardingBackend:
 
     def delete(self, keys):
         return self.inner.delete(keys)
+
+    def scan(self, prefix="", batch=1000):
+        return self.inner.scan(prefix, batch)
 
     def stats(self):
         return self.inner.stats()

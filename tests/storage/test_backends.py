@@ -133,3 +133,22 @@ def test_readonly_and_strided_buffers_are_misuse(backend):
         backend.put(["t:s"], [np.zeros((4, 4), dtype=np.uint8)[:, 1]])
     with pytest.raises(MisuseError):
         backend.put(["bad key with spaces"], [b"x"])
+
+
+def test_scan_lists_exactly_the_prefix_in_batches(backend):
+    """Key enumeration (protocol 2): every key under the prefix once, with its length; keys
+    outside the prefix never; a cluster is scanned on every primary."""
+    ours = {f"scan:a:{i:03d}": 100 + i for i in range(37)}
+    other = {f"scan:b:{i}": 7 for i in range(5)}
+    data = {**ours, **other}
+    assert all(backend.put(list(data), [np.full(n, 1, np.uint8) for n in data.values()]))
+    batches = list(backend.scan("scan:a:", batch=10))
+    found = [kv for b in batches for kv in b]
+    assert dict(found) == ours
+    assert len(found) == len(ours)  # no key twice (no resize happens in this test)
+    if backend.kind in ("memory", "file"):
+        assert [len(b) for b in batches] == [10, 10, 10, 7]
+    assert dict(kv for b in backend.scan("scan:", batch=1000) for kv in b) == data
+    assert list(backend.scan("scan:none:")) == []
+    assert backend.delete(list(data)) == len(data)
+    assert not any(b for b in backend.scan("scan:"))

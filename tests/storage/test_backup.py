@@ -99,3 +99,34 @@ def test_breaker_open_backups_fail_fast():
     st = s.stats(backend=False)
     assert st.breaker_state == "open" and st.counters["backup_failed"] == 3
     assert st.faults["connection"] == 1  # one connect attempt; the rest were refused at once
+
+
+def test_a_rejected_value_is_rewritten_even_when_its_delete_failed():
+    """Issue 11 item 5: backups skip keys that exist -- but never one a read rejected."""
+    from hicache.errors import StorageError
+
+    from .gated import ForwardingBackend
+
+    class NoDelete(ForwardingBackend):
+        def delete(self, keys):
+            raise StorageError("delete refused")
+
+    s = L3Store(NoDelete(open_backend("memory://")), FP, "")
+    hs = page_hashes(3)
+    src = rows(3, 1000, seed=2)
+    assert s.put_async(hs, "page", list(src)).wait(10)
+    key = s.key(hs[1], "page")
+    buf = bytearray(1 << 16)
+    n = s.backend.get_into([key], [buf])[0]
+    bad = bytearray(buf[:n])
+    bad[-1] ^= 0xFF
+    s.backend.inner.put([key], [bytes(bad)])                 # corrupt page 1
+    dst = np.zeros_like(src)
+    assert s.get(hs, "page", list(dst)).stopped == "corrupt"
+    assert s.lookup(hs) == 3                                 # the delete failed: still there
+    t = s.put_async(hs, "page", list(src))                   # skip-existing must not skip it
+    assert t.wait(10) and t.ok and t.skipped_existing == 2
+    r = s.get(hs, "page", list(dst))
+    assert r.hits == 3 and np.array_equal(dst, src)
+    assert s.must_overwrite(hs, "page") == [False] * 3       # rewritten: no longer suspect
+    s.close()

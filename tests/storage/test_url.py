@@ -50,12 +50,43 @@ def test_schemes_select_backends(tmp_path):
     ("unix://relative.sock", "storage_url", "absolute"),
     ("file://", "storage_url", "needs a directory"),
     ("memory://?capacity=lots", "storage_url.capacity", "byte size"),
+    # accepted silently before: now one line naming the field
+    ("redis://h:70000/0", "storage_url", "1..65535"),
+    ("redis://h:0/0", "storage_url", "1..65535"),
+    ("redis://h:-1/0", "storage_url", "1..65535"),
+    ("redis://h:1/-1", "storage_url", "must be a number >= 0"),
+    ("redis://h:1/0?db=-1", "storage_url.db", ">= 0"),
+    ("redis://[::1/0", "storage_url", "IPv6"),
+    ("redis://::1:6379/0", "storage_url", "brackets"),
+    ("redis://h o:1/0", "storage_url", "bad host name"),
+    ("redis://h:1?timeout=inf", "storage_url.timeout", "finite"),
+    ("redis://h:1?connect_timeout=nan", "storage_url.connect_timeout", "finite"),
+    ("redis://h:1?socket_buffer=-1", "storage_url.socket_buffer", ">= 0"),
+    ("file://relative/dir", "storage_url", "absolute"),
+    ("file://host/dir", "storage_url", "absolute"),
+    ("memory://user:pw@name", "storage_url", "no user or password"),
+    ("unix:///", "storage_url", "absolute"),
+    ("redis+cluster://a:1,,b:2", "storage_url", "empty host"),
+    # TLS options: only with a TLS scheme, files that exist, no name check without verification
+    ("rediss://h:1?ssl_cert_reqs=none&ssl_check_hostname=1", "storage_url.ssl_check_hostname", "ssl_cert_reqs=required"),
+    ("rediss://h:1?ssl_check_hostname=maybe", "storage_url.ssl_check_hostname", "0 or 1"),
+    ("rediss://h:1?ssl_ca_certs=/nonexistent/ca.pem", "storage_url.ssl_ca_certs", "no such file"),
+    ("rediss://h:1?ssl_certfile=/nonexistent/c.pem", "storage_url.ssl_certfile", "no such file"),
+    ("redis://h:1?ssl_cert_reqs=none", "storage_url.ssl_cert_reqs", "not TLS"),
+    ("unix:///run/r.sock?ssl_ca_certs=/x", "storage_url.ssl_ca_certs", "not TLS"),
 ])
 def test_bad_urls_are_config_errors(url, field, words):
     with pytest.raises(ConfigError) as ei:
         open_backend(url)
     assert ei.value.field == field
     assert words in str(ei.value)
+
+
+def test_ipv6_and_loopback_defaults():
+    assert open_backend("redis://[::1]:7000/1").node.endpoint == Endpoint("::1", 7000)
+    assert open_backend("redis://[::1]").node.endpoint == Endpoint("::1", 6379)
+    assert open_backend("redis://:7001").node.endpoint == Endpoint("127.0.0.1", 7001)
+    assert open_backend("redis://h/3?db=4").node.opts.db == 4   # the option wins over the path
 
 
 def test_mask_url():

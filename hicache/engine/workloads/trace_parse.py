@@ -37,6 +37,10 @@ line: raised to it, so file order is arrival order), ``output_length`` (non-nega
 both are linked into conversations by :mod:`hicache.engine.workloads.trace`). A prompt is
 ``max(input_length, sum of block tokens)`` tokens: the hashed blocks, then an unhashed tail
 of ``input_length - sum`` tokens when the ids stop short of ``input_length``.
+
+Where we refuse what the simulator reads: a request of more than :data:`MAX_REQUEST_TOKENS`
+prompt or output tokens (we materialise its tokens; it only counts them), and a file that
+cannot be read (a damaged ``.gz``).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import gzip
 import io
 import json
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -52,6 +57,10 @@ from typing import IO
 from hicache.errors import ConfigError
 
 REFUSED = "kvcache-simulator refuses such a trace too"
+# Prompt or output tokens of one request: 16x the longest context served today, and a bound
+# that keeps a typo (input_length 10**12) an error instead of a terabyte allocation. The
+# simulator, which only counts tokens, would read such a line; we cannot replay it.
+MAX_REQUEST_TOKENS = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -189,24 +198,27 @@ def parse_trace(path: str | Path, *, block_size: int | None = None) -> ParsedTra
     raws: list[_Raw] = []
     skipped = parse_errors = 0
     first_error: str | None = None
-    with open_text(p) as fh:
-        for lineno, text in enumerate(fh, 1):
-            line = text.strip()
-            if not line:
-                continue
-            where = f"{p.name}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                parse_errors += 1
-                first_error = first_error or f"{where}: not valid JSON ({exc.msg}): {line[:60]}"
-                continue
-            raw = _read_record(record, where, state) if isinstance(record, dict) else None
-            if raw is None:
-                skipped += 1
-                continue
-            raw.line = lineno
-            raws.append(raw)
+    try:
+        with open_text(p) as fh:
+            for lineno, text in enumerate(fh, 1):
+                line = text.strip()
+                if not line:
+                    continue
+                where = f"{p.name}:{lineno}"
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    parse_errors += 1
+                    first_error = first_error or f"{where}: not valid JSON ({exc.msg}): {line[:60]}"
+                    continue
+                raw = _read_record(record, where, state) if isinstance(record, dict) else None
+                if raw is None:
+                    skipped += 1
+                    continue
+                raw.line = lineno
+                raws.append(raw)
+    except (OSError, EOFError, zlib.error) as exc:  # a truncated or damaged .gz
+        raise ConfigError("trace", str(p), f"cannot be read: {getattr(exc, 'strerror', None) or exc}") from None
     bs = state["block_size"] or block_size
     if state["without_block_size"] and not bs:
         raise ConfigError(f"{state['without_block_size']}.block_size", None,
@@ -226,6 +238,10 @@ def parse_trace(path: str | Path, *, block_size: int | None = None) -> ParsedTra
         else:
             lengths = tuple(sim_block_tokens(raw.input_length, bs, i) for i in range(len(raw.keys)))
         tail = max(0, raw.input_length - sum(lengths))
+        for name, n in (("input_length", raw.input_length), ("block_tokens", sum(lengths)), ("output_length", output)):
+            if n > MAX_REQUEST_TOKENS:
+                raise ConfigError(f"{where}.{name}", n, f"must be <= {MAX_REQUEST_TOKENS:,} tokens (one request's "
+                                                        "tokens are materialized in memory)")
         lines.append(TraceLine(raw.line, raw.keys, lengths, tail, ts, output,
                                conv if conv is not None else f"trace-{len(lines)}", turn, in_conv))
     return ParsedTrace(tuple(lines), int(bs), skipped, parse_errors, first_error, clamped)

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from hicache.engine.workloads import Request, load_trace, synthetic, write_trace
+from hicache.engine.workloads import Request, load_trace, read_trace, synthetic, write_trace
 from hicache.errors import ConfigError
 from tests.engine.workloads.helpers import check_workload
 
@@ -177,3 +177,26 @@ def test_alias_cycles_are_refused(tmp_path):
     r0, r1, r2 = load_trace(path)
     assert np.array_equal(r0.prompt, r1.prompt[:2])   # x is the start of y
     assert np.array_equal(r0.prompt, r2.prompt[:2])   # x is x wherever it appears
+
+
+def test_unreadable_traces_are_config_errors(tmp_path):
+    p = tmp_path / "t.jsonl.gz"
+    p.write_bytes(b"\x1f\x8b\x08\x00 not really gzip")
+    with pytest.raises(ConfigError) as exc:
+        load_trace(p)
+    assert exc.value.field == "trace" and "cannot be read" in str(exc.value)
+
+
+def test_bad_utf8_is_replaced_as_the_simulator_does(tmp_path):
+    # kvcache-simulator opens traces with errors="replace": a line of bad bytes is a parse error.
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b'{"hash_ids": [1], "input_length": 4, "block_size": 4}\n\xff\xfe\n')
+    loaded = read_trace(p)
+    assert len(loaded.requests) == 1 and loaded.parse_errors == 1
+
+
+def test_requests_too_long_to_materialize_are_refused(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"hash_ids": [1], "input_length": 10**12, "block_size": 256}) + "\n")
+    with pytest.raises(ConfigError, match="materialized"):
+        load_trace(p)

@@ -1,0 +1,92 @@
+"""``hicache stress``: every sweep knob reaches the cache; ``--seeds`` runs many and sums up."""
+
+from __future__ import annotations
+
+import json
+
+from hicache.cli.main import build_parser, main
+from hicache.cli.stress_cmd import build_cache
+from hicache.engine import stress
+from tests.conftest import CONFIGS
+
+TINY = str(CONFIGS / "tiny-hybrid.yaml")
+BASE = ["stress", "--config", TINY, "--device-pages", "8", "--host-pages", "12", "--max-running", "2"]
+
+
+def test_every_flag_reaches_the_cache():
+    args = build_parser().parse_args(BASE + [
+        "--write-policy", "write_back", "--host-tier", "exclusive", "--eviction", "lfu", "--retention", "none",
+        "--device-snapshots", "3", "--host-snapshots", "5", "--max-queued-ops", "1"])
+    cache = build_cache(args)
+    try:
+        cfg = cache.config
+        assert (cfg.write.write_policy, cfg.write.host_tier, cfg.tree.eviction, cfg.tree.retention_interval) == (
+            "write_back", "exclusive", "lfu", None)
+        assert (cfg.pools.device_pages, cfg.pools.host_pages, cfg.pools.device_snapshots,
+                cfg.pools.host_snapshots) == (8, 12, 3, 5)
+        assert cache.ctl.cfg.max_queued_ops == 1
+        assert cache.stats()["device_states_total"] == 3 and cache.stats()["host_states_total"] == 5
+    finally:
+        cache.close()
+    args = build_parser().parse_args(BASE + ["--retention", "32"])
+    cache = build_cache(args)
+    try:   # defaults: the config's policies, 8 / 16 snapshots for a layout with state, 4096 queued ops
+        assert cache.config.tree.retention_interval == 32 and cache.config.tree.eviction == "lru"
+        assert (cache.config.pools.device_snapshots, cache.config.pools.host_snapshots) == (8, 16)
+        assert cache.ctl.cfg.max_queued_ops == 4096
+    finally:
+        cache.close()
+
+
+def run_json(capsys, *flags) -> tuple[int, dict, str]:
+    rc = main([*BASE, "--json", *flags])
+    out = capsys.readouterr()
+    return rc, json.loads(out.out), out.err
+
+
+def test_single_seed_reports_injected_faults(capsys):
+    rc, out, _ = run_json(capsys, "--ops", "300", "--seed", "2", "--fault-rate", "0.05")
+    assert rc == 0 and out["seed"] == 2 and out["injected_faults"] > 0 and out["crashes"] == 0
+    assert out["copy_failures"] > 0 and out["verified_pages"] > 0
+
+
+def test_seeds_run_each_seed_and_sum_up(capsys):
+    rc, out, err = run_json(capsys, "--ops", "150", "--seeds", "3-5", "--fault-rate", "0.05",
+                            "--write-policy", "write_back", "--eviction", "lfu")
+    assert rc == 0 and out["seeds"] == "3-5" and out["seeds_run"] == 3
+    assert out["failed_seeds"] == 0 and out["first_failing_seed"] is None and out["first_error"] is None
+    assert out["ops"] == 450 and out["verified_pages"] > 0 and out["injected_faults"] > 0
+    assert out["integrity_errors"] == out["mismatched_pages"] == out["crashes"] == 0
+    assert "stress seeds: 3/3" in err                     # progress across seeds
+
+
+def test_first_failing_seed_and_its_error(capsys, monkeypatch):
+    real_step = stress.StressRunner.step
+
+    def step(self):
+        if self.cfg.seed == 6 and self.report.ops == 7:
+            raise RuntimeError("planted")
+        real_step(self)
+
+    monkeypatch.setattr(stress.StressRunner, "step", step)
+    rc, out, _ = run_json(capsys, "--ops", "40", "--seeds", "5-7")
+    assert rc == 1 and out["seeds_run"] == 3 and out["failed_seeds"] == 1 and out["crashes"] == 1
+    assert out["first_failing_seed"] == 6 and out["failing_seeds"] == [6]
+    assert out["first_error"].startswith("op 7: RuntimeError: planted at ")
+    assert out["ops"] == 40 + 7 + 40                      # the sweep went on after seed 6
+    main([*BASE, "--ops", "40", "--seeds", "5-7"])       # the table names the seed and how to rerun it
+    text = capsys.readouterr().out
+    assert "first failing seed 6: op 7: RuntimeError: planted" in text and "--seed 6" in text
+
+
+def test_integrity_errors_fail_the_sweep(capsys, monkeypatch):
+    from hicache.cache import HiCache
+
+    def broken(self):
+        raise AssertionError("planted invariant")
+
+    monkeypatch.setattr(HiCache, "check_integrity", broken)
+    rc, out, _ = run_json(capsys, "--ops", "5", "--seeds", "0-1")
+    assert rc == 1 and out["failed_seeds"] == 2 and out["first_failing_seed"] == 0
+    assert out["integrity_errors"] == 2 * (5 + 1)        # after every op and once at the end
+    assert out["first_error"] == "op 0: planted invariant"
