@@ -4,9 +4,11 @@ sampled checks (``sample``, the default) and none (``off``), on the same request
     python bench/replay_verify.py [--reps 2] [--json] -- <hicache replay arguments>
 
 The requests are built (or the trace read) once; each mode replays them on a fresh cache,
-modes interleaved ``--reps`` times, and the best requests/s of each is kept. Hit tokens
-must agree across modes (the contents do not steer the cache) and no page may mismatch;
-the script exits 1 otherwise. ``speedup`` is a mode's requests/s over ``full``'s.
+modes interleaved ``--reps`` times, and the best requests/s of each is kept. No page may
+mismatch (exit 1 otherwise). Hit tokens are printed per mode: the contents do not steer
+the cache, but its copies and L3 puts complete in wall time, so a run that is faster in
+wall time can see a few backups land at other points of the virtual clock (``hits_agree``
+says whether they were equal). ``speedup`` is a mode's requests/s over ``full``'s.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                  r["mismatched_pages"], r["hit_tokens"]] for m, r in out["modes"].items()]
         print(render_table(["verify", "requests/s", "wall s", "vs full", "pages verified", "mismatched", "hit tokens"],
                            rows, title=f"{PROG}: {out['workload']}, {out['requests']} requests, best of {out['reps']}"))
-    return 0 if out["hits_agree"] and out["mismatched_pages"] == 0 else 1
+    return 0 if out["mismatched_pages"] == 0 else 1
 
 
 if __name__ == "__main__":
