@@ -64,6 +64,11 @@ class _Family:
     unit: int               # bytes per row
     scratch: torch.Tensor   # like base, reused by full checks
     index: int              # f
+    # sampling constants, [1, layers, 1] / [1, 1, SAMPLE_WORDS]
+    layer: torch.Tensor     # layer index (torch, for indexing the view)
+    lw: np.ndarray          # (f << 40) + (l << 32): a word's value less its offset and seed
+    lmix: np.ndarray        # per-layer and per-sample mixing terms of the offset draw
+    jmix: np.ndarray
 
     @property
     def width(self) -> int:
@@ -97,7 +102,13 @@ def _bases(tier: TierPools, source: str) -> list[_Family]:
         base = (fi << 40) + layers + torch.arange(words, dtype=torch.int64)[None, :]
         base = base.to(view.device)
         # scratch: reused by check() -- fresh 1-3 MB tensors per page would cost page faults
-        out.append(_Family(view, base, wide, unit, torch.empty_like(base), fi))
+        n_layers = view.shape[0]
+        layer = np.arange(n_layers, dtype=np.int64)[None, :, None]
+        with np.errstate(over="ignore"):
+            lmix = layer * np.int64(_MIX_A)
+            jmix = (np.arange(SAMPLE_WORDS, dtype=np.int64)[None, None, :] + 1) * np.int64(_MIX_B)
+        out.append(_Family(view, base, wide, unit, torch.empty_like(base), fi,
+                           torch.from_numpy(layer).to(view.device), (fi << 40) + (layer << 32), lmix, jmix))
     per_tier[source] = out
     return out
 
@@ -108,24 +119,22 @@ def _bytes_of(base: torch.Tensor, seed: int, unit: int) -> torch.Tensor:
 
 def _samples(fam: _Family, ids: Sequence[int], seeds: Sequence[int]):
     """Index tensors and expected values of the sampled units of rows ``ids``:
-    ``fam.view[layer, row, pos] == value`` for pages ``[n, layers, SAMPLE_WORDS]``."""
-    dev = fam.view.device
-    n_layers, width = fam.view.shape[0], fam.width
-    seed = torch.as_tensor(np.asarray(seeds, dtype=np.int64), device=dev)[:, None, None]
-    rows = torch.as_tensor(np.asarray(ids, dtype=np.int64), device=dev)[:, None, None]
-    layer = torch.arange(n_layers, dtype=torch.int64, device=dev)[None, :, None]
-    j = torch.arange(SAMPLE_WORDS, dtype=torch.int64, device=dev)[None, None, :]
-    mixed = (seed ^ (layer * _MIX_A) ^ ((j + 1) * _MIX_B)) * _MIX_A
-    pos = torch.remainder(mixed >> 17, width)
+    ``fam.view[layer, row, pos] == value`` for pages ``[n, layers, SAMPLE_WORDS]``. Drawn
+    with numpy (a few microseconds) so that a call costs one torch indexing op."""
+    seed = np.asarray(seeds, dtype=np.int64)[:, None, None]
+    with np.errstate(over="ignore"):
+        mixed = (seed ^ fam.lmix ^ fam.jmix) * np.int64(_MIX_A)
+    pos = (mixed >> 17) % fam.width
     pos[..., 0] = 0
-    pos[..., 1] = width - 1
-    layer = layer.expand_as(pos)
+    pos[..., 1] = fam.width - 1
     if fam.wide:
-        value = fam.base[layer, pos] + seed
+        value = fam.lw + pos + seed
     else:  # byte b of a row is byte b % 8 of word b // 8 (little endian, as _bytes_of)
-        word = fam.base[layer, pos // 8] + seed
-        value = ((word >> ((pos % 8) * 8)) & 0xFF).to(torch.uint8)
-    return layer, rows.expand_as(pos), pos, value
+        word = fam.lw + pos // 8 + seed
+        value = ((word >> ((pos % 8) * 8)) & 0xFF).astype(np.uint8)
+    dev = fam.view.device
+    rows = torch.from_numpy(np.asarray(ids, dtype=np.int64)[:, None, None]).to(dev)
+    return fam.layer, rows, torch.from_numpy(pos).to(dev), torch.from_numpy(value).to(dev)
 
 
 def fill(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int],
