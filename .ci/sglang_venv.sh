@@ -2,7 +2,8 @@
 # Builds (or reuses) the venv that tests/integrations/test_sglang_engine.py runs SGLang's
 # own HiCache controller in: SGLang 0.5.23 pins another torch and a long import chain, so it
 # gets a venv of its own (../shared/tools/setup_sglang_venv.sh: ~2 min, ~2.5 GB), plus
-# hicache's few runtime deps, pytest, hypothesis, and this checkout installed without deps.
+# hicache's few runtime deps, redis-py + hiredis (the `redis` extra: hicache's Redis
+# connections), pytest, hypothesis, and this checkout installed without deps.
 # Usage: .ci/sglang_venv.sh [VENV]   (default: $HICACHE_SGLANG_VENV, else ../venvs/sglang)
 # Last line: the venv path, or nothing when it cannot be built (the tests then skip).
 set -euo pipefail
@@ -21,5 +22,7 @@ else
     echo "SGLang venv: $SETUP not found; the SGLang engine tests will skip" >&2
     exit 0
 fi
+# Also on a reused venv (one built before hicache's Redis URLs needed redis-py).
+"$VENV/bin/pip" install -q redis==8.1.0 hiredis==3.5.0 >&2
 "$VENV/bin/pip" install -q --no-deps -e . >&2
 echo "$VENV"

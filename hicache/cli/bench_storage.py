@@ -12,7 +12,8 @@ What is measured (each round, interleaved, medians reported, so noise hits all a
   - ``memory://``: a numpy memcpy of the same bytes;
   - ``file://``: plain ``write``/``readinto`` of same-size files in the same directory;
 * Redis URLs also: plain redis-py pipelines (``GET`` then copying each value into the array),
-  the baseline that the fast path replaces.
+  the baseline that our data path is measured against; and the latency of one 64-key
+  ``EXISTS`` batch (the lookup a prefetch starts with), ours against a redis-py pipeline.
 
 GB/s are 10^9 bytes of payload per second. ``verified`` is true when the last round read
 back every object with identical bytes and nothing was rejected. The benchmark writes its
@@ -91,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
     reps = max(1, -(-256 // n))
     limit = _limit_runner(scheme, args.url, backend, obj, n * reps, src, dst)
     is_redis = scheme.startswith("redis") or scheme == "unix"
-    redis_py = _redis_py_runner(args.url, store, hashes, dst) if is_redis else None
-    rows: dict[str, list[float]] = {k: [] for k in ("put", "get", "limit_put", "limit_get", "redis_py_get")}
+    redis_py = _RedisPyBaseline.make(store, hashes, dst) if is_redis else None
+    rows: dict[str, list[float]] = {k: [] for k in ("put", "get", "limit_put", "limit_get", "redis_py_get",
+                                                    "lookup_us", "redis_py_lookup_us")}
     verified = True
     try:
         # Warm up with one full untimed round: the first writes of a key make the server (or
@@ -119,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
                 rows["limit_get"].append(g)
             if redis_py is not None:
                 _progress(f"round {r + 1}/{args.rounds}: redis-py")
-                rows["redis_py_get"].append(redis_py())
+                rows["redis_py_get"].append(redis_py.get_gbps())
+                ours_us, theirs_us = redis_py.lookup_us()
+                rows["lookup_us"].append(ours_us)
+                rows["redis_py_lookup_us"].append(theirs_us)
         st = store.stats(backend=False)
         verified = verified and not st.rejected and not st.faults
     finally:
@@ -133,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
         "put_gbps": med["put"], "get_gbps": med["get"],
         "limit_put_gbps": med["limit_put"], "limit_get_gbps": med["limit_get"],
         "redis_py_get_gbps": med["redis_py_get"],
+        "lookup_us": med["lookup_us"], "redis_py_lookup_us": med["redis_py_lookup_us"],
         "put_ratio": med["put"] / med["limit_put"] if med["limit_put"] else None,
         "get_ratio": med["get"] / med["limit_get"] if med["limit_get"] else None,
         "verified": verified,
@@ -153,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
     table.append(["ratio ours / limit", fmt(out["put_ratio"]), fmt(out["get_ratio"])])
     print(render_table(["path", "put GB/s", "get GB/s"], table, align="lrr",
                        title=f"{out['url']}: {n} x {obj:,} B objects, median of {args.rounds} rounds"))
+    if redis_py is not None:
+        print(f"\n64-key EXISTS batch: ours {out['lookup_us']:.0f} us, "
+              f"redis-py pipeline {out['redis_py_lookup_us']:.0f} us (median)")
     print(f"\nverified: {'yes' if verified else 'NO'} (bytes read back identical, nothing rejected)")
     return 0 if verified else 1
 
@@ -297,36 +306,70 @@ def _limit_runner(scheme: str, url: str, backend, obj: int, n: int, src, dst) ->
     return _RedisBenchmark(base, obj, n, opts.connections, opts.pipeline, clean, mask_url(url), opts.password)
 
 
-def _redis_py_runner(url: str, store: L3Store, hashes: list, dst: np.ndarray):
-    """GB/s of plain redis-py pipelines reading our objects and copying them into ``dst``."""
-    try:
-        import redis  # redis-py: only the baseline uses it
-    except ImportError:
-        _progress("redis-py not installed: no redis-py baseline")
-        return None
-    backend = store.backend
-    keys = [store.key(h, "page") for h in hashes]
-    if backend.kind == "redis-cluster":
-        ep, o = backend.seeds[0], backend.opts
-        client = redis.cluster.RedisCluster(host=ep.host, port=ep.port, username=o.username,
-                                            password=o.password, ssl=o.tls)
-    else:
-        ep, o = backend.node.endpoint, backend.node.opts
-        common = dict(db=o.db, username=o.username, password=o.password)
-        client = (redis.Redis(unix_socket_path=ep.path, **common) if ep.path else
-                  redis.Redis(host=ep.host, port=ep.port, ssl=o.tls, ssl_ca_certs=o.ssl_ca_certs,
-                              ssl_cert_reqs=o.ssl_cert_reqs, ssl_check_hostname=o.ssl_check_hostname, **common))
-    hdr = 64
-    batch = 16
+class _RedisPyBaseline:
+    """Plain redis-py doing what our data path does: pipelined ``GET`` of our objects
+    copied into ``dst`` (GB/s), and a 64-key ``EXISTS`` batch (microseconds), the latter
+    next to the same batch through our backend."""
 
-    def measure() -> float:
+    LOOKUP_KEYS = 64
+    LOOKUP_CALLS = 50
+
+    def __init__(self, client, backend, keys: list[str], dst: np.ndarray):
+        self.client, self.backend, self.keys, self.dst = client, backend, keys, dst
+        self.lookup = [keys[i % len(keys)] if i % 2 == 0 else f"{keys[0]}:absent:{i}"
+                       for i in range(self.LOOKUP_KEYS)]
+
+    @classmethod
+    def make(cls, store: L3Store, hashes: list, dst: np.ndarray) -> Optional["_RedisPyBaseline"]:
+        try:
+            import redis  # redis-py: installed with the ``redis`` extra
+        except ImportError:
+            _progress("redis-py not installed: no redis-py baseline")
+            return None
+        backend = store.backend
+        keys = [store.key(h, "page") for h in hashes]
+        if backend.kind == "redis-cluster":
+            ep, o = backend.seeds[0], backend.opts
+            client = redis.cluster.RedisCluster(host=ep.host, port=ep.port, username=o.username,
+                                                password=o.password, ssl=o.tls)
+        else:
+            ep, o = backend.node.endpoint, backend.node.opts
+            common = dict(db=o.db, username=o.username, password=o.password)
+            client = (redis.Redis(unix_socket_path=ep.path, **common) if ep.path else
+                      redis.Redis(host=ep.host, port=ep.port, ssl=o.tls, ssl_ca_certs=o.ssl_ca_certs,
+                                  ssl_cert_reqs=o.ssl_cert_reqs, ssl_check_hostname=o.ssl_check_hostname,
+                                  **common))
+        return cls(client, backend, keys, dst)
+
+    def get_gbps(self) -> float:
+        hdr, batch, dst, keys = 64, 16, self.dst, self.keys
         t = time.perf_counter()
         for s in range(0, len(keys), batch):
-            pipe = client.pipeline(transaction=False)
+            pipe = self.client.pipeline(transaction=False)
             for k in keys[s:s + batch]:
                 pipe.get(k)
             for i, v in enumerate(pipe.execute()):
                 dst[s + i] = np.frombuffer(v, dtype=np.uint8, offset=hdr)
         return dst.nbytes / (time.perf_counter() - t) / GB
 
-    return measure
+    def lookup_us(self) -> tuple[float, float]:
+        """Median microseconds of one 64-key EXISTS batch: (ours, redis-py's)."""
+        def theirs() -> list:
+            pipe = self.client.pipeline(transaction=False)
+            for k in self.lookup:
+                pipe.exists(k)
+            return pipe.execute()
+
+        def ours() -> list:
+            return self.backend.exists(self.lookup)
+
+        assert [bool(x) for x in theirs()] == ours(), "both paths must see the same keys"
+        out = []
+        for fn in (ours, theirs):
+            times = []
+            for _ in range(self.LOOKUP_CALLS):
+                t = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t)
+            out.append(statistics.median(times) * 1e6)
+        return out[0], out[1]

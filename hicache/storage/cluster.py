@@ -1,25 +1,30 @@
-"""``redis+cluster://h1:p1,h2:p2,...``: Redis Cluster through the same fast RESP path.
+"""``redis+cluster://h1:p1,h2:p2,...``: Redis Cluster, topology by redis-py, data by our path.
 
 URL form (``rediss+cluster://`` for TLS)::
 
     redis+cluster://[user:password@]host1:port1,host2:port2,host3:port3[?options]
 
-The hosts are seeds: the client asks the first one that answers for ``CLUSTER SLOTS`` and
-routes each key to the primary that owns its slot. A key's slot is CRC16 (XMODEM, the
-polynomial 0x1021 Redis uses) of the key, or of the part between the first ``{`` and the
-next ``}`` when that part is non-empty, modulo 16384. Our keys carry no braces, so pages
-spread over every node.
+The hosts are seeds for redis-py's ``RedisCluster``, which owns the topology: it asks the
+seeds for ``CLUSTER SLOTS``, keeps the slot map and one client (connection pool) per node,
+and computes each key's slot (``redis.crc.key_slot``: CRC16 of the key, or of its
+``{hash tag}``, mod 16384). Our keys carry no braces, so pages spread over every node.
 
-A batch is grouped by node, each group pipelined to its node. Redirects are per key:
+A batch is grouped by the node redis-py's map names for each key, and each group runs our
+pipelined data path on a connection from that node's redis-py pool. redis-py's own
+redirect loop works one command at a time (or copies values in its cluster pipeline), so
+the per-key loop over a pipelined batch is ours; what a redirect *means* is redis-py's:
 
-* ``-MOVED slot host:port``: the slot lives elsewhere now; record the new owner, re-send the
-  key there, and refresh the whole map before the next batch;
-* ``-ASK slot host:port``: the slot is being migrated and this key already moved; re-send
-  the key to the target preceded by ``ASKING``, without changing the map.
+* ``-MOVED slot host:port``: read as redis-py's ``MovedError`` and applied to its slot map
+  (``NodesManager.move_slot``); the key is re-sent to the new owner, and the whole map is
+  refreshed (``NodesManager.initialize``) before the next batch, since a reshard moves
+  many slots at once;
+* ``-ASK slot host:port``: read as ``AskError``; the key is re-sent to that node preceded
+  by ``ASKING``, the map unchanged.
 
 At most :data:`MAX_REDIRECTS` rounds per batch. A node that cannot be reached raises
 :class:`StorageConnectionError` and marks the map stale (a failover may have promoted a
-replica).
+replica). Opening touches no network: the ``RedisCluster`` (whose constructor reads the
+slot map) is made on first use, and a failure then is a counted fault like any other.
 """
 
 from __future__ import annotations
@@ -27,52 +32,33 @@ from __future__ import annotations
 import threading
 from typing import Callable, Iterator, Optional, Sequence
 
+from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot as _redis_key_slot
+from redis.exceptions import AskError, MovedError
+
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
 from hicache.storage.buffers import Value, value_views
-from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageError, StorageProtocolError
-from hicache.storage.redis_node import (RedisNode, map_exists, map_get, map_put, put_pieces, redis_stats,
-                                        scan_node)
-from hicache.storage.resp import Endpoint, RedisOptions, RespError
+from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageProtocolError
+from hicache.storage.redis_conns import REDIS_FAULTS, no_retry, socket_tuner, storage_error
+from hicache.storage.redis_node import RedisNode, map_exists, map_get, map_put, put_pieces, redis_stats, scan_node
+from hicache.storage.redis_opts import Endpoint, RedisOptions
+from hicache.storage.resp import RespError
 
-NUM_SLOTS = 16384
 MAX_REDIRECTS = 5
 
 
-def _crc16_table() -> list[int]:
-    table = []
-    for i in range(256):
-        crc = i << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else (crc << 1)
-        table.append(crc & 0xFFFF)
-    return table
-
-
-_TABLE = _crc16_table()
-
-
-def crc16(data: bytes) -> int:
-    """CRC16-XMODEM (poly 0x1021, init 0), as in Redis' ``crc16.c``: crc16(b"123456789") == 0x31C3."""
-    crc = 0
-    for b in data:
-        crc = ((crc << 8) & 0xFFFF) ^ _TABLE[((crc >> 8) ^ b) & 0xFF]
-    return crc
-
-
 def key_slot(key: "str | bytes") -> int:
-    """The cluster slot of a key, honouring ``{hash tags}``."""
-    k = key.encode() if isinstance(key, str) else bytes(key)
-    s = k.find(b"{")
-    if s >= 0:
-        e = k.find(b"}", s + 1)
-        if e > s + 1:
-            k = k[s + 1:e]
-    return crc16(k) % NUM_SLOTS
+    """The cluster slot of a key (redis-py's ``key_slot``, ``{hash tags}`` honoured)."""
+    return _redis_key_slot(key.encode() if isinstance(key, str) else bytes(key))
 
 
-def _endpoint(addr: str, default_host: Optional[str]) -> Endpoint:
+def _redirect(reply: RespError, replied: ClusterNode) -> AskError:
+    """A ``-MOVED``/``-ASK`` reply as redis-py's exception (a server that announces no
+    host, ``-MOVED 3999 :6381``, means its own)."""
+    _, slot, addr = reply.message.split(" ", 2)
     host, _, port = addr.rpartition(":")
-    return Endpoint(host=host or default_host, port=int(port))
+    cls = MovedError if reply.code == "MOVED" else AskError
+    return cls(f"{slot} {host or replied.host}:{port}")
 
 
 class RedisClusterBackend:
@@ -88,92 +74,124 @@ class RedisClusterBackend:
         self.seeds = list(seeds)
         self.opts = opts
         self._lock = threading.Lock()
-        self._nodes: dict[Endpoint, RedisNode] = {}
-        self._slots: list[Optional[Endpoint]] = [None] * NUM_SLOTS
-        self._stale = True
+        self._rc: Optional[RedisCluster] = None
+        self._nodes: dict[str, RedisNode] = {}        # by redis-py node name ("host:port")
+        self._strays: dict[str, ClusterNode] = {}     # ASK targets not in redis-py's map
+        self._stale = False
         self._errors = FaultCounter()
         self.redirects = FaultCounter()
 
-    # -- topology -----------------------------------------------------------------------
-    def _node(self, ep: Endpoint) -> RedisNode:
+    # -- topology (redis-py's) ----------------------------------------------------------
+    def _cluster(self) -> RedisCluster:
+        """redis-py's cluster client; made (and the slot map read) on first use."""
+        rc = self._rc
+        if rc is not None:
+            return rc
         with self._lock:
-            node = self._nodes.get(ep)
-            if node is None:
-                node = self._nodes[ep] = RedisNode(ep, self.opts)
-            return node
+            if self._rc is None:
+                try:
+                    self._rc = RedisCluster(
+                        startup_nodes=[ClusterNode(ep.host, ep.port) for ep in self.seeds],
+                        retry=no_retry(), require_full_coverage=False,
+                        redis_connect_func=socket_tuner(self.opts.socket_buffer_bytes),
+                        **self.opts.client_kwargs())
+                except REDIS_FAULTS as exc:
+                    raise storage_error(exc, "cluster") from None
+                self._stale = False
+                self.redirects.add("map_refresh")
+            return self._rc
 
     def refresh(self) -> None:
-        """Rebuild the slot map from the first node that answers ``CLUSTER SLOTS``."""
-        with self._lock:
-            candidates = list(dict.fromkeys(list(self._nodes) + self.seeds))
-        last: Optional[StorageError] = None
-        for ep in candidates:
-            try:
-                reply = self._node(ep).command("CLUSTER", "SLOTS")
-            except StorageError as exc:
-                last = exc
-                continue
-            if not isinstance(reply, list):
-                last = StorageProtocolError(f"{ep}: CLUSTER SLOTS returned {reply!r}")
-                continue
-            slots: list[Optional[Endpoint]] = [None] * NUM_SLOTS
-            for entry in reply:
-                start, end, primary = entry[0], entry[1], entry[2]
-                host = primary[0].decode() if isinstance(primary[0], bytes) else str(primary[0])
-                owner = Endpoint(host=host or ep.host, port=int(primary[1]))
-                for s in range(int(start), int(end) + 1):
-                    slots[s] = owner
-            with self._lock:
-                self._slots = slots
-                self._stale = False
-            self.redirects.add("map_refresh")
+        """Re-read the slot map (redis-py's ``NodesManager.initialize``: ``CLUSTER SLOTS``
+        from the first known node that answers)."""
+        rc = self._rc
+        if rc is None:
+            self._cluster()
             return
-        raise last or StorageConnectionError("no cluster node answered")
+        try:
+            rc.nodes_manager.initialize()
+        except REDIS_FAULTS as exc:
+            raise storage_error(exc, "cluster") from None
+        self._stale = False
+        self.redirects.add("map_refresh")
 
-    def _owner(self, key: str) -> Endpoint:
-        ep = self._slots[key_slot(key)]
-        if ep is None:
-            raise StorageConnectionError(f"cluster slot {key_slot(key)} has no owner (cluster down?)")
-        return ep
+    def _ready(self) -> RedisCluster:
+        rc = self._cluster()
+        if self._stale:
+            self.refresh()
+        return rc
+
+    def _owner(self, rc: RedisCluster, key: str) -> ClusterNode:
+        try:
+            return rc.nodes_manager.get_node_from_slot(key_slot(key))
+        except REDIS_FAULTS as exc:  # SlotNotCoveredError: cluster down?
+            self._stale = True
+            raise storage_error(exc, "cluster") from None
+
+    def _node(self, rc: RedisCluster, cn: ClusterNode) -> RedisNode:
+        """Our data path over the redis-py client of one cluster node."""
+        try:
+            client = rc.get_redis_connection(cn)
+        except REDIS_FAULTS as exc:
+            raise storage_error(exc, cn.name) from None
+        with self._lock:
+            node = self._nodes.get(cn.name)
+            if node is None or node.client is not client:
+                if node is not None:
+                    node.close()
+                node = self._nodes[cn.name] = RedisNode(Endpoint(cn.host, cn.port), self.opts, client)
+            return node
+
+    def _ask_target(self, rc: RedisCluster, err: AskError) -> ClusterNode:
+        cn = rc.get_node(host=err.host, port=err.port)
+        if cn is None:
+            with self._lock:
+                cn = self._strays.setdefault(f"{err.host}:{err.port}", ClusterNode(err.host, err.port))
+        return cn
+
+    def _moved(self, rc: RedisCluster, err: MovedError) -> None:
+        nm = rc.nodes_manager
+        try:
+            if hasattr(nm, "move_slot"):
+                nm.move_slot(err)                 # newer redis-py: patch the slot now
+            else:
+                nm.update_moved_exception(err)    # older: patched at the next lookup
+        except KeyError:  # a slot the map did not cover: the refresh below finds its owner
+            pass
+        self._stale = True
 
     # -- routing ------------------------------------------------------------------------
     def _run(self, keys: Sequence[str], op: Callable[[RedisNode, list[int], bool], list]) -> list:
         """Run ``op`` per node on the key indices it owns, following MOVED / ASK per key."""
-        if self._stale:
-            self.refresh()
+        rc = self._ready()
         results: list = [None] * len(keys)
         pending = list(range(len(keys)))
-        ask: dict[int, Endpoint] = {}
+        ask: dict[int, ClusterNode] = {}
         for _ in range(MAX_REDIRECTS + 1):
-            groups: dict[tuple[Endpoint, bool], list[int]] = {}
+            groups: dict[tuple[str, bool], tuple[ClusterNode, list[int]]] = {}
             for i in pending:
-                target = (ask[i], True) if i in ask else (self._owner(keys[i]), False)
-                groups.setdefault(target, []).append(i)
+                cn, asking = (ask[i], True) if i in ask else (self._owner(rc, keys[i]), False)
+                groups.setdefault((cn.name, asking), (cn, []))[1].append(i)
             redo: list[int] = []
-            moved = False
-            for (ep, asking), idxs in groups.items():
+            for (_, asking), (cn, idxs) in groups.items():
                 try:
-                    raw = op(self._node(ep), idxs, asking)
+                    raw = op(self._node(rc, cn), idxs, asking)
                 except StorageConnectionError:
                     self._stale = True
                     raise
                 for i, r in zip(idxs, raw):
                     ask.pop(i, None)
                     if isinstance(r, RespError) and r.code in ("MOVED", "ASK"):
-                        parts = r.message.split()
-                        target = _endpoint(parts[2], ep.host)
-                        if r.code == "MOVED":
-                            self._slots[int(parts[1])] = target
-                            moved = True
+                        err = _redirect(r, cn)
+                        if isinstance(err, MovedError):
+                            self._moved(rc, err)
                             self.redirects.add("moved")
                         else:
-                            ask[i] = target
+                            ask[i] = self._ask_target(rc, err)
                             self.redirects.add("ask")
                         redo.append(i)
                     else:
                         results[i] = r
-            if moved:
-                self._stale = True
             if not redo:
                 return results
             pending = redo
@@ -217,18 +235,17 @@ class RedisClusterBackend:
         raw = self._run(keys, lambda node, idxs, asking: node.del_raw([keys[i] for i in idxs], asking))
         return sum(r for r in raw if isinstance(r, int))
 
+    def _primaries(self) -> list[RedisNode]:
+        rc = self._ready()
+        return [self._node(rc, cn) for cn in sorted(rc.get_primaries(), key=lambda cn: cn.name)]
+
     def scan(self, prefix: str = "", batch: int = 1000) -> Iterator[list[tuple[str, Optional[int]]]]:
         """``SCAN`` every primary in turn (each holds its own slots' keys)."""
-        if self._stale:
-            self.refresh()
-        for ep in sorted({ep for ep in self._slots if ep is not None}, key=str):
-            yield from scan_node(self._node(ep), prefix, batch)
+        for node in self._primaries():
+            yield from scan_node(node, prefix, batch)
 
     def stats(self) -> BackendStats:
-        if self._stale:
-            self.refresh()
-        owners = sorted({ep for ep in self._slots if ep is not None}, key=str)
-        infos = [self._node(ep).info() for ep in owners]
+        infos = [node.info() for node in self._primaries()]
         st = redis_stats(self.kind, self.url, infos, self._errors.snapshot(), 0)
         st.extra["redirects"] = self.redirects.snapshot()
         return st
@@ -236,5 +253,8 @@ class RedisClusterBackend:
     def close(self) -> None:
         with self._lock:
             nodes, self._nodes = list(self._nodes.values()), {}
+            rc, self._rc = self._rc, None
         for n in nodes:
             n.close()
+        if rc is not None:
+            rc.close()

@@ -1,4 +1,12 @@
-"""``redis://``, ``rediss://`` and ``unix://``: one Redis server through the fast RESP path.
+"""``redis://``, ``rediss://`` and ``unix://``: one Redis server, connections by redis-py.
+
+redis-py owns the connections: a ``redis.Redis`` client's pool dials, wraps TLS (verifying
+the certificate and, by default, the host name), authenticates (``AUTH [user] password``),
+selects the database, notices a connection the server closed (after a restart) and makes a
+new one. Control commands (``INFO``, ``SCAN``, ``STRLEN``) are redis-py calls. The bulk
+data path -- pipelined ``GET``/``SET`` straight between the socket and pool memory, and the
+``EXISTS``/``DEL`` pipelines -- checks a connection out of that same pool and runs our
+:class:`~hicache.storage.resp.RespConnection` on its socket (see ``resp.py`` for why).
 
 A batch is split into up to ``connections`` contiguous slices of about equal bytes, each
 pipelined on its own connection from its own thread (the socket calls release the GIL), so
@@ -8,6 +16,10 @@ no-eviction policy) makes that ``put`` False and is counted as ``full``; a ``-WR
 key (someone else's data under our name) reads as a zero-length value, which the object
 check rejects as foreign. Replies meaning the server cannot serve now (``-LOADING``,
 ``-NOAUTH``, ...) raise :class:`StorageConnectionError` like a dead socket.
+
+redis-py never retries here (``Retry(NoBackoff(), 0)``): a dead server costs one connect
+timeout per call, and the store's breaker decides when to try again. Connections and
+errors: ``hicache/storage/redis_conns.py``.
 """
 
 from __future__ import annotations
@@ -15,14 +27,17 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import redis
 
 from hicache.storage.backend import STORAGE_PROTOCOL_VERSION, Accept, BackendStats, exists_prefix_batched
 from hicache.storage.buffers import Value, send_pieces, value_views
-from hicache.storage.faults import FaultCounter, StorageConnectionError, StorageProtocolError
+from hicache.storage.faults import FaultCounter, StorageConnectionError
 from hicache.storage.objects import check_key
-from hicache.storage.resp import (ASKING, UNAVAILABLE_CODES, Endpoint, RedisOptions, RespConnection,
-                                  RespError, encode_command)
+from hicache.storage.redis_conns import REDIS_FAULTS, LentConnections, standalone_client, storage_error
+from hicache.storage.redis_opts import Endpoint, RedisOptions
+from hicache.storage.resp import ASKING, UNAVAILABLE_CODES, RespConnection, RespError, encode_command
 
 _FANOUT_MIN_BYTES = 4 << 20
 _EXISTS_BATCH = 64
@@ -33,72 +48,38 @@ def raise_if_unavailable(reply, endpoint) -> None:
         raise StorageConnectionError(f"{endpoint}: {reply.message}")
 
 
-class ConnectionPool:
-    """Idle connections to one endpoint, checked out one per thread and operation.
+class RedisNode:
+    """One server: redis-py's client for control commands and connections, our pipelined
+    data path on checked-out connections. Raw results may hold :class:`RespError`."""
 
-    A connection that saw a transport fault is closed, and so is every idle one: after a
-    server restart they are all dead, and finding that out one failed call at a time would
-    cost a timeout each.
-    """
-
-    def __init__(self, endpoint: Endpoint, opts: RedisOptions, max_idle: int = 8):
+    def __init__(self, endpoint: Endpoint, opts: RedisOptions, client: Optional["redis.Redis"] = None):
+        """``client``: a redis-py client owned by someone else (a cluster's node); by
+        default the node makes and owns one."""
         self.endpoint = endpoint
         self.opts = opts
-        self._ssl = opts.ssl_context()
-        self._lock = threading.Lock()
-        self._idle: list[RespConnection] = []
-        self._max_idle = max_idle
-        self.opened = 0
-
-    def acquire(self) -> RespConnection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        conn = RespConnection(self.endpoint, self.opts, self._ssl)
-        with self._lock:
-            self.opened += 1
-        return conn
-
-    def release(self, conn: RespConnection) -> None:
-        if conn.broken:
-            conn.close()
-            return
-        with self._lock:
-            if len(self._idle) < self._max_idle:
-                self._idle.append(conn)
-                return
-        conn.close()
-
-    def reset(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for c in idle:
-            c.close()
+        self._owns_client = client is None
+        self.client = client if client is not None else standalone_client(endpoint, opts)
+        self.lent = LentConnections(self.client, endpoint, max_idle=max(4, 2 * opts.connections))
+        self._exec: Optional[ThreadPoolExecutor] = None
+        self._exec_lock = threading.Lock()
 
     @contextmanager
     def connection(self) -> Iterator[RespConnection]:
-        conn = self.acquire()
+        """A connection redis-py made (see :class:`LentConnections`) as our RESP stream."""
+        conn, stream = self.lent.take()
+        ok = False
         try:
-            yield conn
-        except BaseException:
-            conn.close()
-            self.reset()
-            raise
-        self.release(conn)
+            yield stream
+            ok = True
+        finally:
+            self.lent.give_back(conn, stream, ok)
 
-    def close(self) -> None:
-        self.reset()
-
-
-class RedisNode:
-    """Raw pipelined operations against one server; results may hold :class:`RespError`."""
-
-    def __init__(self, endpoint: Endpoint, opts: RedisOptions):
-        self.endpoint = endpoint
-        self.opts = opts
-        self.pool = ConnectionPool(endpoint, opts, max_idle=max(4, 2 * opts.connections))
-        self._exec: Optional[ThreadPoolExecutor] = None
-        self._exec_lock = threading.Lock()
+    def command(self, fn: Callable[["redis.Redis"], Any]) -> Any:
+        """Run a redis-py call on this node's client; its exceptions become StorageErrors."""
+        try:
+            return fn(self.client)
+        except REDIS_FAULTS as exc:
+            raise storage_error(exc, self.endpoint) from None
 
     def _slices(self, sizes: Sequence[int]) -> list[tuple[int, int]]:
         n, total = len(sizes), sum(sizes)
@@ -139,7 +120,7 @@ class RedisNode:
         return out
 
     def exists_raw(self, keys: Sequence[str], asking: bool = False) -> list:
-        with self.pool.connection() as c:
+        with self.connection() as c:
             if not asking:
                 return c.pipeline([encode_command("EXISTS", k) for k in keys])
             c.send([b"".join(ASKING + encode_command("EXISTS", k) for k in keys)])
@@ -155,7 +136,7 @@ class RedisNode:
 
         def run(a: int, b: int) -> list:
             check = None if accept is None else (lambda i, n, head: accept(a + i, n, head))
-            with self.pool.connection() as c:
+            with self.connection() as c:
                 return c.get_many(keys[a:b], dests[a:b], self.opts.pipeline, asking=asking, accept=check)
 
         return self._fanout(sizes, run)
@@ -167,39 +148,29 @@ class RedisNode:
             # Everything is sent before the first reply is read: replies are 5 bytes each
             # and TCP flow control bounds what is in flight, so the server never waits for
             # us between values (reading replies per window left a bubble per window).
-            with self.pool.connection() as c:
+            with self.connection() as c:
                 return c.set_many(keys[a:b], values[a:b], asking=asking)
 
         return self._fanout(sizes, run)
 
     def del_raw(self, keys: Sequence[str], asking: bool = False) -> list:
-        with self.pool.connection() as c:
+        with self.connection() as c:
             if not asking:
                 return c.pipeline([encode_command("DEL", k) for k in keys])
             replies = c.pipeline([ASKING + encode_command("DEL", k) for k in keys])
             return [c.read_reply() for _ in keys] if all(r == "OK" for r in replies) else replies
 
-    def command(self, *args) -> object:
-        with self.pool.connection() as c:
-            return c.command(*args)
-
-    def info(self) -> dict[str, str]:
-        reply = self.command("INFO")
-        raise_if_unavailable(reply, self.endpoint)
-        if not isinstance(reply, bytes):
-            raise StorageProtocolError(f"{self.endpoint}: INFO returned {reply!r}")
-        out = {}
-        for line in reply.decode(errors="replace").splitlines():
-            if ":" in line and not line.startswith("#"):
-                k, v = line.split(":", 1)
-                out[k] = v
-        return out
+    def info(self) -> dict[str, Any]:
+        """``INFO``, parsed by redis-py (numbers as ints, ``db0`` as a dict)."""
+        return self.command(lambda r: r.info())
 
     def close(self) -> None:
-        self.pool.close()
         if self._exec is not None:
             self._exec.shutdown(wait=True)
             self._exec = None
+        self.lent.release_all()
+        if self._owns_client:
+            self.client.close()
 
 
 def map_get(results: list, counter: FaultCounter, endpoint) -> list[Optional[int]]:
@@ -299,40 +270,40 @@ def _glob_escape(text: str) -> str:
 
 def scan_node(node: RedisNode, prefix: str, batch: int) -> Iterator[list[tuple[str, Optional[int]]]]:
     """``SCAN cursor MATCH prefix* COUNT batch`` over one server (never ``KEYS``: it blocks
-    the server for the whole keyspace), then the values' lengths with pipelined ``STRLEN``
-    (``None`` where the key holds another type)."""
+    the server for the whole keyspace), then the values' lengths with a pipeline of
+    ``STRLEN`` (``None`` where the key holds another type); both through redis-py."""
     pattern = _glob_escape(prefix) + "*"
-    cursor: object = b"0"
+    cursor = 0
     while True:
-        reply = node.command("SCAN", cursor, "MATCH", pattern, "COUNT", batch)
-        raise_if_unavailable(reply, node.endpoint)
-        if not (isinstance(reply, list) and len(reply) == 2 and isinstance(reply[1], list)):
-            raise StorageProtocolError(f"{node.endpoint}: SCAN returned {reply!r}")
-        cursor, raw = reply
+        cursor, raw = node.command(lambda r: r.scan(cursor, match=pattern, count=batch))
         keys = [k.decode(errors="replace") if isinstance(k, bytes) else str(k) for k in raw]
         if keys:
-            with node.pool.connection() as c:
-                lengths = c.pipeline([encode_command("STRLEN", k) for k in keys])
-            for r in lengths:
-                raise_if_unavailable(r, node.endpoint)
+            def strlen(r: "redis.Redis") -> list:
+                pipe = r.pipeline(transaction=False)
+                for k in keys:
+                    pipe.strlen(k)
+                return pipe.execute(raise_on_error=False)
+
+            lengths = node.command(strlen)
+            for n in lengths:  # WRONGTYPE: another type's key (no length); others are faults
+                if isinstance(n, Exception) and not str(n).startswith("WRONGTYPE"):
+                    raise storage_error(n, node.endpoint)
             yield [(k, n if isinstance(n, int) else None) for k, n in zip(keys, lengths)]
-        if cursor in (b"0", "0", 0):
+        if not cursor:
             return
 
 
-def redis_stats(kind: str, url: str, infos: list[dict[str, str]], errors: dict, db: int) -> BackendStats:
-    def num(info, key):
-        try:
-            return int(info.get(key, "0"))
-        except ValueError:
-            return 0
+def redis_stats(kind: str, url: str, infos: list[dict[str, Any]], errors: dict, db: int) -> BackendStats:
+    """Backend stats from redis-py's parsed ``INFO`` of each node (summed over nodes)."""
+    def num(info: dict, key: str) -> int:
+        value = info.get(key, 0)
+        return value if isinstance(value, int) else 0
 
     objects = 0
     for info in infos:
-        ks = info.get(f"db{db}", "")
-        for part in ks.split(","):
-            if part.startswith("keys="):
-                objects += int(part[5:])
+        ks = info.get(f"db{db}")
+        if isinstance(ks, dict):
+            objects += int(ks.get("keys", 0))
     maxmem = sum(num(i, "maxmemory") for i in infos)
     return BackendStats(kind, url, objects=objects, used_bytes=sum(num(i, "used_memory") for i in infos),
                         capacity_bytes=maxmem or None,

@@ -1,15 +1,25 @@
 """The Redis half of :func:`hicache.storage.url.open_backend`: hosts, database, options, TLS.
 
-Everything a Redis URL says is checked here, before any connection is made: ports in
-1..65535, a database >= 0, finite positive timeouts, TLS options only with a TLS scheme,
-certificate files that exist and load. Errors print the URL with its password masked.
+Who reads what. Our code splits the user part at its *last* ``@`` (urllib, and so
+redis-py, ends the authority at the first ``/``, ``?`` or ``#``, so a password holding one
+of them would be cut), splits ``redis+cluster://`` host lists (redis-py's URLs name one host),
+reads our own options (``connections``, ``pipeline``, ``timeout``, ...) and checks
+everything with one-line errors before any connection is made: ports in 1..65535, a
+database >= 0, finite positive timeouts, TLS options only with a TLS scheme, certificate
+files that exist and load. Then each host is written back as a plain one-host URL (user and
+password percent-escaped) and ``redis.connection.parse_url`` -- redis-py's own URL reader
+-- says what it means: host, port, unix socket path, database, user, password. Those are
+the values redis-py's connections are built from. Errors print the URL with its password
+masked.
+
+redis-py is the ``redis`` extra: without it a Redis URL is a ConfigError saying so.
 """
 
 from __future__ import annotations
 
 import os
 from typing import Any, Optional
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from hicache.errors import ConfigError
 from hicache.storage.backend import StorageBackend
@@ -46,45 +56,66 @@ def open_redis(scheme: str, userinfo: Optional[str], rest: str, opts: dict, mask
     if tls:
         _check_tls(kw, conv)
     kw["tls"] = tls
+    if kw.get("db", 0) < 0:
+        raise ConfigError("storage_url.db", kw["db"], "must be >= 0")
     if scheme == "unix":
         sock_path = unquote(rest)
         if not sock_path.startswith("/") or sock_path == "/":
             raise ConfigError("storage_url", masked, "unix:// needs an absolute socket path: unix:///run/redis.sock")
-        return _single(Endpoint(path=sock_path), _options(kw), masked)
-    netloc, _, path = rest.partition("/")
-    db = path.strip("/")
-    if db:
-        if not db.isdigit():
-            raise ConfigError("storage_url", masked, f"database {db!r} must be a number >= 0")
-        kw.setdefault("db", int(db))  # a db= option (or keyword) wins over the path
-    if kw.get("db", 0) < 0:
-        raise ConfigError("storage_url.db", kw["db"], "must be >= 0")
-    hosts = netloc.split(",")
-    if len(hosts) > 1 and not all(hosts):
-        raise ConfigError("storage_url", masked, "an empty host in the host list")
-    endpoints = [parse_host_port(hp, masked) for hp in hosts]
-    opts_obj = _options(kw)
-    if scheme.endswith("+cluster"):
-        if opts_obj.db:
-            raise ConfigError("storage_url.db", opts_obj.db, "Redis Cluster has only database 0")
+        endpoints = [Endpoint(path=sock_path)]
+    else:
+        netloc, _, path = rest.partition("/")
+        db = path.strip("/")
+        if db:
+            if not db.isdigit():
+                raise ConfigError("storage_url", masked, f"database {db!r} must be a number >= 0")
+            kw.setdefault("db", int(db))  # a db= option (or keyword) wins over the path
+        hosts = netloc.split(",")
+        if len(hosts) > 1 and not all(hosts):
+            raise ConfigError("storage_url", masked, "an empty host in the host list")
+        endpoints = [parse_host_port(hp, masked) for hp in hosts]
+    cluster = scheme.endswith("+cluster")
+    if cluster and kw.get("db"):
+        raise ConfigError("storage_url.db", kw["db"], "Redis Cluster has only database 0")
+    if not cluster and len(endpoints) != 1:
+        raise ConfigError("storage_url", masked, "several hosts need the redis+cluster:// scheme")
+    RedisOptions(**kw).check_tls_files()  # a bad certificate file is a ConfigError now
+    # Everything is checked: redis-py reads each host's URL (and is needed from here on).
+    endpoints = [_read_by_redis_py(scheme, ep, kw, masked) for ep in endpoints]
+    opts_obj = RedisOptions(**kw)
+    if cluster:
         from hicache.storage.cluster import RedisClusterBackend
 
         return RedisClusterBackend(endpoints, opts_obj, masked)
-    if len(endpoints) != 1:
-        raise ConfigError("storage_url", masked, "several hosts need the redis+cluster:// scheme")
-    return _single(endpoints[0], opts_obj, masked)
-
-
-def _single(endpoint: Endpoint, opts: RedisOptions, masked: str) -> StorageBackend:
     from hicache.storage.redis_node import RedisBackend
 
-    return RedisBackend(endpoint, opts, masked)
+    return RedisBackend(endpoints[0], opts_obj, masked)
 
 
-def _options(kw: dict) -> RedisOptions:
-    opts = RedisOptions(**kw)
-    opts.ssl_context()  # loads the certificate files now: a bad one is a ConfigError at open
-    return opts
+def _read_by_redis_py(scheme: str, ep: Endpoint, kw: dict, masked: str) -> Endpoint:
+    """The endpoint redis-py's ``parse_url`` reads from one checked host written as a plain
+    URL; the user and password it reads replace those in ``kw``. So the connections are
+    made from what redis-py understands the URL to say."""
+    try:
+        from redis.connection import parse_url
+    except ImportError:
+        raise ConfigError("storage_url", masked, "Redis URLs need redis-py, the 'redis' extra: "
+                          "pip install 'hicache[redis]'") from None
+    password = kw.get("password")
+    user = quote(kw.get("username") or "", safe="")
+    auth = f"{user}:{quote(password, safe='')}@" if password else ""
+    if ep.path:
+        parsed = parse_url(f"unix://{auth}{quote(ep.path, safe='/')}?db={kw.get('db', 0)}")
+        out = Endpoint(path=parsed["path"])
+    else:
+        host = f"[{ep.host}]" if ":" in ep.host else ep.host
+        base = "rediss" if scheme.startswith("rediss") else "redis"
+        parsed = parse_url(f"{base}://{auth}{host}:{ep.port}/{kw.get('db', 0)}")
+        out = Endpoint(host=parsed["host"], port=parsed["port"])
+    assert parsed.get("db", 0) == kw.get("db", 0), "redis-py read another database than we wrote"
+    if password:  # redis-py reads no empty password; ours (``user:@host``) stays as given
+        kw["password"], kw["username"] = parsed["password"], parsed.get("username")
+    return out
 
 
 def parse_host_port(hp: str, masked: str) -> Endpoint:

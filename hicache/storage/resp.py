@@ -1,8 +1,11 @@
-"""A small RESP2 client built for moving megabyte values without extra copies.
+"""Our RESP2 data path: pipelined GET/SET (and EXISTS/DEL) on a socket redis-py established.
 
-Why not redis-py for the data path: it builds each reply as a new ``bytes`` object and the
-caller copies it again into pool memory; measured here it moves ~0.3-0.4 GB/s for 1 MiB
-values against ~1.5-2.4 GB/s for ``redis-benchmark``. This client instead
+redis-py (``hicache.storage.redis_node``) makes, authenticates and verifies each connection
+and owns its pool; the data path borrows one (``redis_conns.py``) and runs here, on its
+socket, because redis-py's reply path copies a megabyte value twice (its parser builds a
+``bytes``, the caller copies that into pool memory): measured on this box, redis-py
+pipelines read 1 MiB values at about 0.76 of the rate this path reads, and take 2.7x as
+long for a 64-key ``EXISTS`` batch (``hicache bench storage``, bench/README.md). This code
 
 * sends a ``SET`` as one ``socket.sendmsg`` gather list: the command prefix, the 64-byte
   object header and the payload straight from pool memory (no concatenation);
@@ -13,9 +16,12 @@ values against ~1.5-2.4 GB/s for ``redis-benchmark``. This client instead
 
 TLS sockets have no ``sendmsg``; there each piece is written with ``sendall`` (the TLS layer
 copies to encrypt anyway). Errors are typed: a timeout is :class:`StorageTimeout`, a broken
-or refused connection :class:`StorageConnectionError`, unparsable bytes
-:class:`StorageProtocolError`; after any of them the connection is discarded. A ``-ERR``
-reply is a value (:class:`RespError`), so one refused key never desynchronises a pipeline.
+connection :class:`StorageConnectionError`, unparsable bytes :class:`StorageProtocolError`;
+after any of them :attr:`RespConnection.broken` is set and the owner drops the connection.
+A ``-ERR`` reply is a value (:class:`RespError`), so one refused key never desynchronises a
+pipeline. Our clients ask redis-py for RESP2 (``protocol=2``; redis-py 8 would otherwise
+open with ``HELLO 3``): every Redis version speaks it, and under RESP3 out-of-band push
+frames (redis-py 8 turns maintenance notifications on with it) could land between replies.
 """
 
 from __future__ import annotations
@@ -26,10 +32,8 @@ from typing import Callable, Optional, Sequence, Union
 
 from hicache.storage.buffers import consume, resolve_pieces
 from hicache.storage.faults import StorageConnectionError, StorageProtocolError, StorageTimeout
-from hicache.storage.redis_opts import Endpoint, RedisOptions
 
-__all__ = ["Endpoint", "RedisOptions", "RespConnection", "RespError", "encode_command", "ASKING",
-           "UNAVAILABLE_CODES"]
+__all__ = ["RespConnection", "RespError", "encode_command", "ASKING", "UNAVAILABLE_CODES"]
 
 _CRLF = b"\r\n"
 _IOV_MAX = 512
@@ -81,61 +85,26 @@ ASKING = encode_command("ASKING")
 
 
 class RespConnection:
-    """One connection: handshake, gather sends, buffered replies, bulk reads into buffers."""
+    """Gather sends, buffered replies and bulk reads into buffers, on one connected socket.
 
-    def __init__(self, endpoint: Endpoint, opts: RedisOptions,
-                 ssl_ctx: Optional[ssl.SSLContext] = None):
-        self.endpoint = endpoint
-        self._opts = opts
-        try:
-            if endpoint.path:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                sock.settimeout(opts.connect_timeout_s)
-                sock.connect(endpoint.path)
-            else:
-                sock = socket.create_connection((endpoint.host, endpoint.port),
-                                                timeout=opts.connect_timeout_s)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if opts.socket_buffer_bytes:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, opts.socket_buffer_bytes)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, opts.socket_buffer_bytes)
-            if ssl_ctx is not None:
-                sock = ssl_ctx.wrap_socket(sock, server_hostname=endpoint.host)
-            sock.settimeout(opts.op_timeout_s)
-        except socket.timeout:
-            raise StorageTimeout(f"connect to {endpoint} timed out after {opts.connect_timeout_s}s") from None
-        except (OSError, ssl.SSLError) as exc:
-            raise StorageConnectionError(f"cannot connect to {endpoint}: {exc}") from None
-        self._sock = sock
-        self._gather = ssl_ctx is None
+    ``where`` names the server in errors. The socket's own timeout (redis-py sets it to the
+    URL's ``timeout``) bounds every wait. The read buffer is empty between operations:
+    every reply of a pipeline is read before the connection goes back to its pool.
+    """
+
+    def __init__(self, sock: socket.socket, where: object):
+        self.sock = sock
+        self.endpoint = where
+        self._gather = not isinstance(sock, ssl.SSLSocket)
         self._rb = bytearray(64 << 10)
         self._rv = memoryview(self._rb)
         self._rpos = self._rend = 0
         self.broken = False
-        try:
-            self._handshake()
-        except BaseException:
-            self.close()
-            raise
 
-    def _handshake(self) -> None:
-        o = self._opts
-        if o.password is not None:
-            args = ["AUTH"] + ([o.username] if o.username else []) + [o.password]
-            reply = self.command(*args)
-            if isinstance(reply, RespError):
-                raise StorageConnectionError(f"{self.endpoint}: authentication failed: {reply.message}")
-        if o.db:
-            reply = self.command("SELECT", o.db)
-            if isinstance(reply, RespError):
-                raise StorageConnectionError(f"{self.endpoint}: SELECT {o.db} failed: {reply.message}")
-
-    def close(self) -> None:
-        self.broken = True
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+    @property
+    def idle(self) -> bool:
+        """No unread reply bytes are buffered (true between operations)."""
+        return self._rpos == self._rend
 
     # -- sending ------------------------------------------------------------------------
     def send(self, pieces: Sequence[Union[bytes, memoryview]]) -> None:
@@ -155,11 +124,11 @@ class RespConnection:
         try:
             if not self._gather:
                 for p in merged:
-                    self._sock.sendall(p)
+                    self.sock.sendall(p)
                 return
             pending = [memoryview(p) for p in merged if len(p)]
             while pending:
-                n = self._sock.sendmsg(pending[:_IOV_MAX])
+                n = self.sock.sendmsg(pending[:_IOV_MAX])
                 consume(pending, n)
         except socket.timeout:
             self.broken = True
@@ -171,10 +140,10 @@ class RespConnection:
     # -- receiving ----------------------------------------------------------------------
     def _recv_into(self, mv: memoryview) -> int:
         try:
-            n = self._sock.recv_into(mv)
+            n = self.sock.recv_into(mv)
         except socket.timeout:
             self.broken = True
-            raise StorageTimeout(f"{self.endpoint}: no reply within {self._opts.op_timeout_s}s") from None
+            raise StorageTimeout(f"{self.endpoint}: no reply within {self.sock.gettimeout()}s") from None
         except (OSError, ssl.SSLError) as exc:
             self.broken = True
             raise StorageConnectionError(f"{self.endpoint}: receive failed: {exc}") from None
@@ -304,10 +273,6 @@ class RespConnection:
         return n
 
     # -- commands -----------------------------------------------------------------------
-    def command(self, *args: Arg) -> Reply:
-        self.send([encode_command(*args)])
-        return self.read_reply()
-
     def pipeline(self, commands: Sequence[bytes]) -> list[Reply]:
         """Send pre-encoded commands at once and read their replies in order."""
         self.send([b"".join(commands)])

@@ -27,8 +27,11 @@ The user part ends at the *last* ``@`` before the host, so a password may hold `
 ``#`` or ``@`` unescaped (percent-escapes work too); only ``?name=`` inside a password must
 be escaped (``%3F``), since that is where the query string starts.
 
-Opening never touches the network: a Redis that is down at start is a fault counted on
-first use (and a tripped breaker), not a failure to build the cache.
+Redis URLs need redis-py (the ``redis`` extra), which reads each host's URL and makes the
+connections (``hicache/storage/redis_url.py``, ``redis_conns.py``); without it they are a
+ConfigError naming the extra. Opening never touches the network: a Redis that is down at
+start is a fault counted on first use (and a tripped breaker), not a failure to build the
+cache.
 """
 
 from __future__ import annotations

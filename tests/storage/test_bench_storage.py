@@ -41,7 +41,8 @@ def test_redis_bench_json(capsys, redis_server):
     rc, out = run_json(capsys, "--url", redis_server.url, "--object-mib", "0.25", "--objects", "8",
                        "--rounds", "1")
     assert rc == 0 and out["verified"] is True
-    for k in ("limit_put_gbps", "limit_get_gbps", "redis_py_get_gbps", "put_ratio", "get_ratio"):
+    for k in ("limit_put_gbps", "limit_get_gbps", "redis_py_get_gbps", "put_ratio", "get_ratio", "lookup_us",
+              "redis_py_lookup_us"):
         assert out[k] > 0, k
     assert redis_server.cli("DBSIZE") == "0"          # our keys and redis-benchmark's are gone
 

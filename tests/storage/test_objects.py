@@ -1,3 +1,4 @@
+import binascii
 import hashlib
 import struct
 import zlib
@@ -5,7 +6,6 @@ import zlib
 import pytest
 
 from hicache.errors import MisuseError
-from hicache.storage.cluster import crc16, key_slot
 from hicache.storage.objects import (HEADER_BYTES, MAGIC, ObjectCodec, ObjectKind, Reject, hash_bytes,
                                      make_namespace)
 
@@ -103,6 +103,13 @@ def test_crc32_objects_verify_too():
 
 
 def test_crc16_and_slots_match_redis():
+    """Slots are redis-py's (``redis.crc.key_slot``: ``binascii.crc_hqx``, CRC16-XMODEM)."""
+    pytest.importorskip("redis")
+    from hicache.storage.cluster import key_slot
+
+    def crc16(data: bytes) -> int:
+        return binascii.crc_hqx(data, 0)
+
     assert crc16(b"123456789") == 0x31C3
     assert key_slot("123456789") == 12739
     assert key_slot("foo") == 12182

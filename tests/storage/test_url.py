@@ -6,7 +6,7 @@ from hicache.storage.cluster import RedisClusterBackend
 from hicache.storage.file import FileBackend
 from hicache.storage.memory import MemoryBackend
 from hicache.storage.redis_node import RedisBackend
-from hicache.storage.resp import Endpoint
+from hicache.storage.redis_opts import Endpoint
 
 
 def test_schemes_select_backends(tmp_path):
