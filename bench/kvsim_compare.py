@@ -2,30 +2,14 @@
 
 The other side of the comparison in issue 6: ``hicache replay --trace FILE`` must reach at
 least the LRU hit rate printed here, on the same file, with ``optimal`` as the bound.
+``hicache sweep`` runs the same comparison at several budgets.
 
     python bench/kvsim_compare.py TRACE.jsonl --capacity-tokens 262144 [--json]
     python bench/kvsim_compare.py TRACE.jsonl --config configs/deepseek-v4-flash.yaml
 
-Measured its way: ``kvcache_sim.run_sweep`` (its Python API, the code behind its CLI) with
-its default warm-up fraction 0.5, i.e. hit tokens / prompt tokens over the last half of the
-requests, after a first half that must fill the cache.
-
-Budget scaling. kvcache-simulator sizes the cache in GiB and converts with its own
-DeepSeek-V4 accounting (``calculator.py``, formula ``deepseek_v4_hybrid``): 512 elements per
-KV row at the KV precision (fp8 by default: 512 B, where our FP8 rows are 584 B), indexer
-rows of 128 elements at the indexer precision (fp4 by default: 64 B, ours 132 B), and the
-128-token sliding window of every layer amortised over ``estimate_tokens`` (by default the
-trace's mean prompt length)::
-
-    bytes_per_token = (43*128*512 + sum_l floor(T/r_l)*512 + 21*floor(T/4)*64) / T
-    capacity_blocks = floor(GiB * 2**30 / (bytes_per_token * block_size))
-
-We hold ``capacity_tokens`` history tokens (our device + host pages x 256 with
-``--config``), so we ask it for ``capacity_blocks = capacity_tokens // block_size`` blocks:
-``GiB = (capacity_blocks + 0.5) * bytes_per_block / 2**30``, checked with its own
-``cache_blocks_for_gib`` to give exactly that block count. Both caches then hold the same
-number of tokens; the GiB figures differ by the ratio of the two byte accountings, which is
-printed (``budget_scale``).
+The simulation and its budget scaling (both caches hold the same number of history
+tokens; the simulator's GiB differ from ours by the ratio of the two byte accountings,
+printed as ``budget_scale``) are :mod:`hicache.engine.kvsim`.
 """
 
 from __future__ import annotations
@@ -40,20 +24,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from hicache.errors import ConfigError, HiCacheError  # noqa: E402
+from hicache.engine import kvsim  # noqa: E402
+from hicache.errors import HiCacheError  # noqa: E402
 
 PROG = "bench/kvsim_compare.py"
-POLICIES = ("lru", "optimal")
-
-
-def _kvsim():
-    try:
-        import kvcache_sim
-        from kvcache_sim import calculator, simulator, trace
-    except ImportError:
-        raise ConfigError("kvcache-simulator", "not installed",
-                          "pip install kvcache-simulator (the comparison runs its policies)") from None
-    return kvcache_sim, calculator, simulator, trace
+POLICIES = kvsim.POLICIES
 
 
 def our_capacity(config: str) -> dict:
@@ -72,83 +47,25 @@ def our_capacity(config: str) -> dict:
             "budget_bytes": plan.device_bytes + plan.host_bytes}
 
 
-def scaled_budget_gib(capacity_blocks: int, bytes_per_block: float, simulator) -> float:
-    """The GiB budget for which kvcache-simulator allocates exactly ``capacity_blocks``."""
-    gib = (capacity_blocks + 0.5) * bytes_per_block / simulator.BYTES_PER_GIB
-    got = simulator.cache_blocks_for_gib(gib, bytes_per_block)
-    assert got == capacity_blocks, f"budget scaling gives {got} blocks, not {capacity_blocks}"
-    return gib
-
-
-def compare(trace_path: str, capacity_tokens: int, *, model: str = "deepseek-v4-flash",
+def compare(trace_path: str, capacity_tokens: int, *, model: str = kvsim.DEFAULT_MODEL,
             kv_precision: str | None = None, indexer_precision: str | None = None,
             backend: str = "cpp", ours: dict | None = None, progress=None) -> dict:
     """Run kvcache-simulator's LRU and optimal at ``capacity_tokens``; one result dict."""
-    kvsim, calculator, simulator, trace_mod = _kvsim()
-    if isinstance(capacity_tokens, bool) or not isinstance(capacity_tokens, int) or capacity_tokens < 1:
-        raise ConfigError("capacity_tokens", capacity_tokens, "must be a positive integer")
-    if not Path(trace_path).is_file():
-        raise ConfigError("trace", trace_path, "no such file")
-    try:
-        trace = trace_mod.parse_trace_file(trace_path)
-    except ValueError as exc:
-        raise ConfigError("trace", trace_path, f"kvcache-simulator refuses it: {exc}") from None
-    data = calculator.load_models_data()
-    models = calculator.models_by_id(data)
-    if model not in models:
-        raise ConfigError("model", model, "unknown to kvcache-simulator; see kvcache-simulator list-models")
-    capacity_blocks = capacity_tokens // trace.block_size
-    if capacity_blocks < 1:
-        raise ConfigError("capacity_tokens", capacity_tokens,
-                          f"is less than one block ({trace.block_size} tokens)")
-    # Exactly what run_sweep computes for its byte accounting.
-    estimate = simulator.estimate_tokens_for_trace(trace)
-    size = calculator.calculate_cache_size(models[model], tokens=estimate, precision=kv_precision,
-                                           indexer_precision=indexer_precision, block_size=trace.block_size,
-                                           models_data=data)
-    bytes_per_block = float(size.bytes_per_block or size.bytes_per_token * trace.block_size)
-    gib = scaled_budget_gib(capacity_blocks, bytes_per_block, simulator)
-    result = simulator.run_sweep(trace, model_id=model, precision=kv_precision,
-                                 indexer_precision=indexer_precision, budgets_gib=[gib],
-                                 policies=list(POLICIES), backend=backend, progress=progress,
-                                 models_data=data)
-    meta = result["metadata"]
-    out = {
-        "trace": str(trace_path), "requests": trace.request_count, "block_size": trace.block_size,
-        "unique_blocks": meta["uniqueBlocks"], "warmup_requests": meta["warmupRequests"],
-        "measured_tokens": meta["totalMeasuredTokens"], "measurement": meta["measurementWindow"],
-        "capacity_tokens": capacity_tokens, "capacity_blocks": capacity_blocks,
-        "kvsim": {"version": kvsim.__version__, "model": model, "backend": backend,
-                  "kv_precision": meta["precision"], "indexer_precision": meta["indexerPrecision"],
-                  "estimate_tokens": meta["estimateTokens"], "bytes_per_token": meta["bytesPerToken"],
-                  "bytes_per_block": meta["bytesPerBlock"], "budget_gib": gib},
-        "ceiling": _policy(result["ceiling"]),
-    }
+    sim = kvsim.simulate(trace_path, [capacity_tokens], model=model, kv_precision=kv_precision,
+                         indexer_precision=indexer_precision, backend=backend, progress=progress)
+    (point,) = sim.pop("points")
+    out = dict(sim)
+    out.pop("skipped_records"), out.pop("parse_errors")
+    out["kvsim"] = dict(sim["kvsim"], budget_gib=point["budget_gib"])
+    out.update(capacity_tokens=capacity_tokens, capacity_blocks=point["capacity_blocks"], status=point["status"])
+    for policy in POLICIES:
+        out[policy] = point[policy]
     if ours is not None:
         ours = dict(ours)
         ours["history_gib_for_capacity"] = capacity_tokens * ours["history_bytes_per_token"] / 2**30
         out["ours"] = ours
-        out["budget_scale"] = gib / ours["history_gib_for_capacity"]
-    points = [p for p in result["points"] if p["cacheBlocks"] == capacity_blocks]
-    if points:
-        out["status"] = "measured"
-        for policy in POLICIES:
-            out[policy] = _policy(points[0]["results"][policy])
-    elif capacity_blocks >= meta["uniqueBlocks"]:
-        # The simulator omits such points: nothing is ever evicted, so every policy is the
-        # unbounded-cache ceiling.
-        out["status"] = "capacity_holds_whole_trace"
-        for policy in POLICIES:
-            out[policy] = dict(out["ceiling"])
-    else:
-        out["status"] = "underfilled"  # the cache was not full when measurement began
-        for policy in POLICIES:
-            out[policy] = None
+        out["budget_scale"] = point["budget_gib"] / ours["history_gib_for_capacity"]
     return out
-
-
-def _policy(r: dict) -> dict:
-    return {"hit_rate": r["hitRate"], "hit_tokens": r["hitTokens"], "total_tokens": r["totalTokens"]}
 
 
 def _print_table(out: dict) -> None:

@@ -1,43 +1,60 @@
 """``hicache replay``: real multi-turn traffic through the reference engine, every tier live.
 
-    hicache replay --config PATH [--workload synthetic|sharegpt|long-context | --trace FILE]
+    hicache replay [--config PATH] [--workload synthetic|sharegpt|long-context|long-revisit | --trace FILE]
                    [--conversations N] [--seed S] [--storage URL] [--device-gib X] [--host-gib Y]
-                   [--retention N|none] [--json] [--plot FILE.png] [--requests-out FILE.jsonl]
-                   [--metrics-out FILE.prom]
+                   [--verify full|sample|off] [clock flags] [--json] [--plot FILE.png]
+                   [--requests-out FILE.jsonl] [--metrics-out FILE.prom]
+
+The default workload is the ``multi-turn`` synthetic preset, 60 conversations. With no
+``--config`` it runs the main job: the DeepSeek-V4-Flash layout with budgets sized to that
+workload (:data:`MAIN_BUDGETS`) so that device, host and L3 each serve hits under the
+config's policies. With ``--config`` the config's budgets apply.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
 
 from hicache.cli.common import check_output, parse_retention, positive_number, resolve_config
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
-from hicache.config import load_config
+from hicache.config import HiCacheConfig, load_config
 from hicache.errors import ConfigError
+from hicache.layout import CacheLayout
 
 GiB = 1024**3
+DEFAULT_CONFIG = "deepseek-v4-flash"
+DEFAULT_WORKLOAD, DEFAULT_CONVERSATIONS = "multi-turn", 60
+# The main job's budgets (no --config), sized to the default workload: see docs/workloads.md.
+# The host is smaller than the device because write_through_selective backs up only pages
+# hit twice: a larger host never fills, so L3 would never serve.
+MAIN_BUDGETS = {"device_gib": 0.5, "host_gib": 0.25, "state_share": 0.6}
+WORKLOADS = ("multi-turn", "synthetic", "sharegpt", "long-context", "long-revisit")
+CLOCK_FLAGS = (("prefill_tps", "prefill_tokens_per_s", 1.0), ("decode_step_ms", "decode_step_s", 1e-3),
+               ("h2d_gbps", "h2d_gbps", 1.0), ("d2h_gbps", "d2h_gbps", 1.0), ("l3_gbps", "l3_gbps", 1.0),
+               ("l3_rtt_ms", "l3_rtt_s", 1e-3))
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="replay multi-turn traffic through the reference engine",
-                       description="Run real or synthetic multi-turn conversations through a reference "
-                                   "serving loop that embeds HiCache, with every tier live, and report "
-                                   "reuse per tier, bytes moved, evictions, snapshots and byte checks.")
-    p.add_argument("--config", default="deepseek-v4-flash", help="config YAML or name (default deepseek-v4-flash)")
+def add_source_args(p: argparse.ArgumentParser, *, conversations_help: str) -> None:
+    """--config, the workload or trace, its size and seed (replay and sweep)."""
+    p.add_argument("--config", default=None,
+                   help=f"config YAML or name (default: {DEFAULT_CONFIG} with the main job's budgets: "
+                        f"device {MAIN_BUDGETS['device_gib']} GiB, host {MAIN_BUDGETS['host_gib']} GiB, "
+                        f"state share {MAIN_BUDGETS['state_share']})")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--workload", choices=["synthetic", "sharegpt", "long-context", "long-revisit"],
-                     default="synthetic",
-                     help="built-in workload (default synthetic)")
+    src.add_argument("--workload", choices=WORKLOADS, default=DEFAULT_WORKLOAD,
+                     help=f"built-in workload (default {DEFAULT_WORKLOAD}; synthetic = the chat preset)")
     src.add_argument("--trace", metavar="FILE.jsonl", help="a kvcache-simulator block-hash trace")
-    p.add_argument("--model", choices=["synthetic", "tiny"], default="synthetic",
-                   help="page contents: synthetic bytes (default) or the tiny DeepSeek-V4-style model")
-    p.add_argument("--conversations", type=int, default=None, help="conversations (default 100; tiny: 6)")
+    p.add_argument("--conversations", type=int, default=None, help=conversations_help)
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """Policy and budget overrides of the config's ``cache:`` section."""
     p.add_argument("--storage", metavar="URL", help="L3 URL (default: the config's, memory://); none:// disables L3")
-    p.add_argument("--device-gib", type=float, help="device (L1) budget in GiB")
-    p.add_argument("--host-gib", type=float, help="host (L2) budget in GiB")
     p.add_argument("--device-pages", type=int, help="device budget as a page count (overrides --device-gib)")
     p.add_argument("--host-pages", type=int, help="host budget as a page count")
     p.add_argument("--state-share", type=float,
@@ -52,15 +69,44 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-tier", choices=["inclusive", "exclusive"],
                    help="keep host copies of pages loaded back to device (inclusive) or free them "
                         "(exclusive, needs --write-policy write_back); default: the config's")
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The reference engine's scheduling, verification and virtual clock."""
     p.add_argument("--max-running", type=int, default=16, help="concurrent requests (default 16)")
     p.add_argument("--admission", choices=["reserve", "greedy"], default="reserve",
                    help="reserve: admit while running requests' final pages fit the device (default); "
                         "greedy: admit up to --max-running and preempt when pages run out")
-    p.add_argument("--prefill-tps", type=float, default=None,
-                   help="prefill tokens/s of the modelled GPU for TTFT estimates (default: the config's)")
+    p.add_argument("--verify", choices=["full", "sample", "off"], default="sample",
+                   help="page checks: every byte (full, for CI proofs), sampled words of every page "
+                        "(sample, default) or none (off)")
+    clock = p.add_argument_group("virtual clock (default: the config's engine: section, else built-in)")
+    clock.add_argument("--prefill-tps", type=float, help="prefill tokens per second")
+    clock.add_argument("--decode-step-ms", type=float, help="one decode iteration of the batch, ms")
+    clock.add_argument("--h2d-gbps", type=float, help="host -> device copy bandwidth, GB/s")
+    clock.add_argument("--d2h-gbps", type=float, help="device -> host copy bandwidth, GB/s")
+    clock.add_argument("--l3-gbps", type=float, help="L3 read bandwidth, GB/s")
+    clock.add_argument("--l3-rtt-ms", type=float, help="L3 round trip, ms")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("replay", help="replay multi-turn traffic through the reference engine",
+                       description="Run real or synthetic multi-turn conversations through a reference "
+                                   "serving loop that embeds HiCache, with every tier live, on a virtual "
+                                   "clock, and report reuse per tier against the ceiling, time to first "
+                                   "token with and without the cache, bytes moved and byte checks.")
+    add_source_args(p, conversations_help=f"conversations (default {DEFAULT_CONVERSATIONS}; tiny: 6)")
+    p.add_argument("--model", choices=["synthetic", "tiny"], default="synthetic",
+                   help="page contents: synthetic bytes (default) or the tiny DeepSeek-V4-style model")
+    p.add_argument("--device-gib", type=float, help="device (L1) budget in GiB")
+    p.add_argument("--host-gib", type=float, help="host (L2) budget in GiB")
+    add_cache_args(p)
+    add_engine_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="hit rate over time per tier (needs matplotlib)")
-    p.add_argument("--requests-out", metavar="FILE.jsonl", help="one line per request, in arrival order")
+    p.add_argument("--requests-out", metavar="FILE.jsonl",
+                   help="one line per replayed request (trace records kvcache-simulator skips are not "
+                        "replayed; trace_line names each request's line)")
     p.add_argument("--metrics-out", metavar="FILE.prom",
                    help="write the Prometheus exposition text of the cache's metrics at the end "
                         "(labels model_name and rank=0; needs prometheus-client)")
@@ -68,14 +114,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _overrides(args: argparse.Namespace) -> dict:
+def cache_overrides(args: argparse.Namespace) -> dict:
+    """The ``cache:`` fields the flags set (budgets in GiB are the caller's)."""
     out: dict = {}
     if args.storage is not None:
         out["storage_url"] = args.storage  # "" too: StorageConfig refuses it rather than ignoring it
-    for flag, key in (("device_gib", "device_bytes"), ("host_gib", "host_bytes")):
-        v = positive_number(f"--{flag.replace('_', '-')}", getattr(args, flag))
-        if v is not None:
-            out[key] = max(1, int(v * GiB))
     for flag in ("device_pages", "host_pages", "device_snapshots", "host_snapshots"):
         v = getattr(args, flag)
         if v is not None:
@@ -84,35 +127,111 @@ def _overrides(args: argparse.Namespace) -> dict:
             out[flag] = v
     if args.state_share is not None:
         out["state_share"] = args.state_share
-    if args.prefetch_policy:
-        out["prefetch_policy"] = args.prefetch_policy
-    if args.write_policy:
-        out["write_policy"] = args.write_policy
-    if args.host_tier:
-        out["host_tier"] = args.host_tier
+    for flag in ("prefetch_policy", "write_policy", "host_tier"):
+        if getattr(args, flag):
+            out[flag] = getattr(args, flag)
     if args.retention is not None:
         out["retention_interval"] = parse_retention("--retention", args.retention)
     return out
 
 
-def load_requests(args: argparse.Namespace, page_tokens: int) -> list:
+def gib_bytes(flag: str, value: float) -> int:
+    return max(1, int(positive_number(flag, value) * GiB))
+
+
+def budget_overrides(args: argparse.Namespace, device_gib: float | None, host_gib: float | None) -> dict:
+    """Byte budgets from GiB flags; without ``--config``, the main job's where none is given."""
+    main = MAIN_BUDGETS if args.config is None else {}
+    device_gib = device_gib if device_gib is not None else main.get("device_gib")
+    host_gib = host_gib if host_gib is not None else main.get("host_gib")
+    out = {"device_bytes": gib_bytes("--device-gib", device_gib) if device_gib is not None else None,
+           "host_bytes": gib_bytes("--host-gib", host_gib) if host_gib is not None else None}
+    if args.state_share is None and "state_share" in main:
+        out["state_share"] = main["state_share"]
+    return out
+
+
+def load_cache_config(args: argparse.Namespace, **budgets) -> tuple[Path, CacheLayout, HiCacheConfig]:
+    """The config file (or the default) with the flags' overrides and ``budgets`` applied."""
+    path = resolve_config(args.config or DEFAULT_CONFIG)
+    over = cache_overrides(args)
+    over.update({k: v for k, v in budgets.items() if v is not None})
+    retention_set = "retention_interval" in over
+    retention = over.pop("retention_interval", None)
+    layout, cfg = load_config(path, **over)
+    if retention_set:
+        cfg = dataclasses.replace(cfg, tree=dataclasses.replace(cfg.tree, retention_interval=retention))
+    return path, layout, cfg
+
+
+def engine_config(args: argparse.Namespace, path: Path):
+    """EngineConfig from the flags and the config file's ``engine:`` section."""
+    from hicache.engine.clock import clock_from_mapping
+    from hicache.engine.loop import EngineConfig
+    from hicache.layout.loaders import read_config_file
+
+    if args.max_running < 1:
+        raise ConfigError("--max-running", args.max_running, "must be >= 1")
+    flags = {}
+    for flag, key, scale in CLOCK_FLAGS:
+        v = getattr(args, flag)
+        if v is not None:
+            if not (key == "l3_rtt_s" and v == 0):
+                positive_number(f"--{flag.replace('_', '-')}", v)
+            flags[key] = v * scale
+    clock = clock_from_mapping(read_config_file(path).get("engine"), source=str(path), **flags)
+    return EngineConfig(max_running=args.max_running, admission=args.admission, verify=args.verify, clock=clock)
+
+
+@dataclass
+class Workload:
+    requests: list
+    trace_info: dict      # what the trace reader passed over ({} for built workloads)
+    name: str
+
+
+def load_requests(args: argparse.Namespace) -> Workload:
     from hicache.engine import workloads
 
-    n = args.conversations if args.conversations is not None else 100
+    n = args.conversations if args.conversations is not None else DEFAULT_CONVERSATIONS
     if n < 1:
         raise ConfigError("--conversations", n, "must be >= 1")
     if args.trace:
-        return workloads.load_trace(args.trace)
+        loaded = workloads.read_trace(args.trace)
+        return Workload(loaded.requests, loaded.info(), Path(args.trace).name)
     if args.workload == "sharegpt":
-        return workloads.sharegpt(conversations=n, seed=args.seed)
+        return Workload(workloads.sharegpt(conversations=n, seed=args.seed), {}, f"sharegpt x{n}")
     if args.workload in ("long-context", "long-revisit"):
-        return workloads.synthetic(conversations=n, seed=args.seed, preset=args.workload)
-    return workloads.synthetic(conversations=n, seed=args.seed)
+        return Workload(workloads.synthetic(conversations=n, seed=args.seed, preset=args.workload), {},
+                        f"{args.workload} x{n}")
+    preset = "chat" if args.workload == "synthetic" else args.workload
+    return Workload(workloads.synthetic(conversations=n, seed=args.seed, preset=preset), {}, f"{preset} x{n}")
+
+
+def replay_once(layout, cfg, ecfg, work: Workload, progress, metrics_out: str | None = None,
+                model_name: str = "") -> tuple[dict, object]:
+    """One replay of ``work`` on a fresh cache; (summary, engine report). ``metrics_out``:
+    write the cache's Prometheus exposition text there at the end."""
+    from hicache.cache import HiCache
+    from hicache.engine.loop import ReferenceEngine
+
+    cache = HiCache(layout, cfg)
+    try:
+        report = ReferenceEngine(cache, ecfg, progress=progress).run(work.requests)
+        summary = build_summary(cache, report, work.requests, layout, ecfg)
+        if metrics_out:
+            from hicache.cache.metrics import PrometheusExporter
+
+            PrometheusExporter(cache, labels={"model_name": layout.model or model_name, "rank": 0}).write(metrics_out)
+    finally:
+        cache.close()
+    summary.update(work.trace_info)
+    return summary, report
 
 
 def check_outputs(args: argparse.Namespace) -> None:
     """Outputs are checked before the run, so a bad path never throws a finished run away."""
-    check_output("--requests-out", args.requests_out)
+    check_output("--requests-out", getattr(args, "requests_out", None))
     check_output("--plot", args.plot)
     if args.plot:
         try:
@@ -127,33 +246,12 @@ def run(args: argparse.Namespace) -> int:
         from hicache.cli.replay_tiny import run_tiny
 
         return run_tiny(args)
-    from hicache.cache import HiCache
-    from hicache.engine.loop import EngineConfig, ReferenceEngine
-
-    path = resolve_config(args.config)
-    over = _overrides(args)
-    retention_set = "retention_interval" in over
-    retention = over.pop("retention_interval", None)
-    layout, cfg = load_config(path, **over)
-    if retention_set:
-        cfg = dataclasses.replace(cfg, tree=dataclasses.replace(cfg.tree, retention_interval=retention))
-    if args.max_running < 1:
-        raise ConfigError("--max-running", args.max_running, "must be >= 1")
-    positive_number("--prefill-tps", args.prefill_tps)
-    requests = load_requests(args, layout.page_tokens)
-    ecfg = EngineConfig(max_running=args.max_running, prefill_tokens_per_s=args.prefill_tps,
-                        admission=args.admission)
-    cache = HiCache(layout, cfg)
-    try:
-        engine = ReferenceEngine(cache, ecfg, progress=Progress("replay", len(requests), enabled=not args.quiet))
-        report = engine.run(requests)
-        summary = build_summary(cache, report, requests, layout, ecfg)
-        if args.metrics_out:
-            from hicache.cache.metrics import PrometheusExporter
-
-            PrometheusExporter(cache, labels={"model_name": layout.model or path.stem, "rank": 0}).write(args.metrics_out)
-    finally:
-        cache.close()
+    path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, args.host_gib))
+    ecfg = engine_config(args, path)
+    work = load_requests(args)
+    progress = Progress("replay", len(work.requests), enabled=not args.quiet)
+    summary, report = replay_once(layout, cfg, ecfg, work, progress, args.metrics_out, path.stem)
     emit(args, summary, report,
-         lambda: print_summary(summary, title=f"hicache replay: {path.name}, {len(requests)} requests"))
+         lambda: print_summary(summary, title=f"hicache replay: {path.stem}, {work.name}, "
+                                              f"{len(work.requests)} requests"))
     return 0 if summary["mismatched_pages"] == 0 else 1

@@ -3,8 +3,11 @@ byte was right; as a table, as JSON, per request (JSONL) and as a plot."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
+
+import numpy as np
 
 from hicache.cli.common import print_json
 from hicache.cli.table import render_table
@@ -13,29 +16,46 @@ from hicache.storage.url import mask_url
 from hicache.units import format_bytes
 
 
-def _ttft(records, layout, cfg, stats) -> dict:
-    """Estimated time to first token: recomputed tokens at the configured prefill rate,
-    plus the bytes loaded from host (and fetched from L3) at the rates measured here."""
-    rate = cfg.prefill_tokens_per_s
-    if not rate:
-        return {}
-    page_bytes = layout.history_bytes_per_page
-    h2d = stats["transfer"]["h2d"]["gbps"] * 1e9 or None
-    with_cache, without = [], []
-    for r in records:
-        loaded = (r.host_hit_tokens + r.l3_hit_tokens) // layout.page_tokens * page_bytes
-        load_s = loaded / h2d if h2d and loaded else 0.0
-        with_cache.append(r.recomputed_tokens / rate + load_s)
-        without.append(r.prompt_tokens / rate)
+def percentiles(values, prefix: str) -> dict:
+    """``{prefix}_p50_s``, ``_p90_s``, ``_p99_s`` (None without values)."""
+    vals = [v for v in values if v is not None]
+    out = {}
+    for q in (50, 90, 99):
+        out[f"{prefix}_p{q}_s"] = round(float(np.percentile(vals, q)), 4) if vals else None
+    return out
+
+
+def _timing(records) -> dict:
+    """Virtual-clock times: TTFT with and without the cache, and queueing delay."""
+    ran = [r for r in records if not r.rejected]
+    out = {}
+    out.update(percentiles([r.ttft_s for r in ran], "ttft"))
+    out.update(percentiles([r.ttft_uncached_s for r in ran], "ttft_uncached"))
+    out.update(percentiles([r.queue_s for r in ran], "queue"))
+    ttft = [r.ttft_s for r in ran if r.ttft_s is not None]
+    base = [r.ttft_uncached_s for r in ran if r.ttft_uncached_s is not None]
+    out["ttft_mean_s"] = round(statistics.fmean(ttft), 4) if ttft else None
+    out["ttft_uncached_mean_s"] = round(statistics.fmean(base), 4) if base else None
+    return out
+
+
+def _ceiling(recs, requests, layout) -> dict:
+    """Hit rate with unlimited memory (whole pages, one token short of each prompt)."""
+    from hicache.engine.workloads import reusable_per_request
+
+    reusable = reusable_per_request(requests, page_tokens=layout.page_tokens)
+    prompt = sum(r.prompt_tokens for r in recs)
+    half = recs[len(recs) // 2:]
+    half_prompt = sum(r.prompt_tokens for r in half)
     return {
-        "ttft_mean_s_cached": round(statistics.fmean(with_cache), 4),
-        "ttft_mean_s_uncached": round(statistics.fmean(without), 4),
-        "ttft_p90_s_cached": round(sorted(with_cache)[int(0.9 * (len(with_cache) - 1))], 4),
-        "ttft_p90_s_uncached": round(sorted(without)[int(0.9 * (len(without) - 1))], 4),
+        "ceiling": round(sum(reusable.get(r.request_id, 0) for r in recs) / prompt, 4) if prompt else 0.0,
+        "ceiling_last_half": round(sum(reusable.get(r.request_id, 0) for r in half) / half_prompt, 4)
+        if half_prompt else 0.0,
     }
 
 
 def build_summary(cache, report, requests, layout, ecfg) -> dict:
+    """One flat dict of the run (the ``--json`` object)."""
     s = cache.stats()
     t = cache.transfer_stats()
     l3 = cache.l3_stats()
@@ -79,11 +99,22 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_rejected": s["l3_rejected"],
         "device_bytes": cache.pools.plan.device_bytes,
         "host_bytes": cache.pools.plan.host_bytes,
+        "device_pages": cache.pools.plan.device_pages,
+        "host_pages": cache.pools.plan.host_pages,
         "retention_interval": cache.config.tree.retention_interval,
         "storage_url": mask_url(cache.config.storage.url),
+        "write_policy": cache.config.write.write_policy,
+        "prefetch_policy": cache.config.storage.prefetch_policy,
+        "l3_planned_pages": sum(r.l3_planned_pages for r in recs),
+        "l3_landed_pages": sum(r.l3_landed_pages for r in recs),
+        "verify": ecfg.verify,
+        "clock": dataclasses.asdict(ecfg.clock),
+        "virtual_s": round(report.virtual_s, 3),
         "wall_s": round(report.wall_s, 2),
+        "requests_per_s": round(len(recs) / report.wall_s, 2) if report.wall_s else None,
     }
-    out.update(_ttft(recs, layout, ecfg, {"transfer": t}))
+    out.update(_ceiling(recs, requests, layout))
+    out.update(_timing(recs))
     return out
 
 
@@ -127,7 +158,8 @@ def print_summary(summary: dict, *, title: str) -> None:
         return f"{n:,} ({n / pt:.1%})"
 
     rows = hit_rows(s) + [
-        ["hit rate, last half of requests", f"{s['hit_rate_last_half']:.1%}"],
+        ["ceiling (unlimited memory)", f"{s['ceiling']:.1%}"],
+        ["hit rate / ceiling, last half of requests", f"{s['hit_rate_last_half']:.1%} / {s['ceiling_last_half']:.1%}"],
         ["recomputed tokens", share(s["recomputed_tokens"])],
         ["device -> host", f"{format_bytes(s['d2h_bytes'])} at {s['d2h_gbps']} GB/s"],
         ["host -> device", f"{format_bytes(s['h2d_bytes'])} at {s['h2d_gbps']} GB/s"],
@@ -140,15 +172,28 @@ def print_summary(summary: dict, *, title: str) -> None:
         ["L3 faults / rejected values", f"{s['l3_errors']:,} / {s['l3_rejected']:,}"],
         ["device / host budget", f"{format_bytes(s['device_bytes'])} / {format_bytes(s['host_bytes'])}"],
     ]
-    if "ttft_mean_s_cached" in s:
-        rows.append(["est. TTFT mean, cache / none", f"{s['ttft_mean_s_cached']:.3f} s / {s['ttft_mean_s_uncached']:.3f} s"])
-    rows.append(["wall time", f"{s['wall_s']} s"])
+    if s.get("l3_planned_pages"):
+        rows.append(["L3 pages planned / landed in time", f"{s['l3_planned_pages']:,} / {s['l3_landed_pages']:,} "
+                                                          f"({s['prefetch_policy']})"])
+    if s.get("ttft_p50_s") is not None:
+        rows += [
+            ["TTFT p50 / p90 / p99, with cache", _secs(s, "ttft")],
+            ["TTFT p50 / p90 / p99, without cache", _secs(s, "ttft_uncached")],
+            ["queueing p50 / p90 / p99, with cache", _secs(s, "queue")],
+        ]
+    if s.get("skipped_records") is not None:
+        rows.append(["trace records skipped / not JSON", f"{s['skipped_records']:,} / {s['parse_errors']:,}"])
+    rows.append(["virtual time / wall time", f"{s['virtual_s']:,.1f} s / {s['wall_s']} s "
+                                             f"({s['requests_per_s']} requests/s, verify {s['verify']})"])
     print(render_table(["metric", "value"], rows, align="lr", title=title))
 
 
+def _secs(s: dict, prefix: str) -> str:
+    return " / ".join(f"{s[f'{prefix}_p{q}_s']:.3f}" for q in (50, 90, 99)) + " s"
+
+
 def write_requests(path: str, report) -> None:
-    """One JSON line per request record (a dataclass), in arrival order."""
-    import dataclasses
+    """One JSON line per request record (a dataclass), in request-id order."""
     import math
 
     with open(path, "w") as f:

@@ -7,9 +7,10 @@ each computed logit compared with a full recompute without cache.
 
 The model's layout comes from its own config (``layout_for(TinyV4Config())``) and its pools
 are counted in pages (:class:`~hicache.engine.tiny_serving.TinyPools`), so ``--config``,
-``--device-gib``, ``--host-gib``, ``--prefill-tps``, ``--workload`` and ``--trace`` do not
-apply and are refused. Exit status 1 when a logit differs by more than ``TOLERANCE``
-(1e-9) or a page read back differs from the recompute's bits.
+``--device-gib``, ``--host-gib``, the clock flags, ``--verify``, ``--workload`` and ``--trace``
+do not apply and are refused (it checks every byte and every logit). Exit status 1 when a
+logit differs by more than ``TOLERANCE`` (1e-9) or a page read back differs from the
+recompute's bits.
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from hicache.errors import ConfigError
 from hicache.storage.url import mask_url
 
 DEFAULT_CONVERSATIONS = 6
-_NOT_FOR_TINY = (("config", "--config", "deepseek-v4-flash"), ("device_gib", "--device-gib", None),
+_NOT_FOR_TINY = (("config", "--config", None), ("device_gib", "--device-gib", None),
                  ("host_gib", "--host-gib", None), ("prefill_tps", "--prefill-tps", None),
-                 ("trace", "--trace", None), ("workload", "--workload", "synthetic"))
+                 ("decode_step_ms", "--decode-step-ms", None), ("h2d_gbps", "--h2d-gbps", None),
+                 ("d2h_gbps", "--d2h-gbps", None), ("l3_gbps", "--l3-gbps", None),
+                 ("l3_rtt_ms", "--l3-rtt-ms", None), ("verify", "--verify", "sample"),
+                 ("trace", "--trace", None), ("workload", "--workload", "multi-turn"))
 
 
 def _check_args(args: argparse.Namespace) -> tuple[int, int | None]:

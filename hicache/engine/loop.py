@@ -1,144 +1,138 @@
 """A reference serving loop that embeds ``HiCache`` the way SGLang or vLLM would.
 
-Continuous batching: each step admits arrived requests up to ``max_running``, gives every
-running request a page-aligned prefill chunk or a decode stride within a token budget,
-and publishes what it computed::
+The scheduling (continuous batching, admission, chunked prefill, decode strides, the
+virtual clock) is :class:`hicache.engine.scheduler.Scheduler`; this module is what it asks
+of the cache, per request::
 
-    admit:    match -> (L3 prefetch) -> load (queued) ...... one cache.step() for all loads
+    arrive:   match -> prefetch from L3 (the lookup runs now; the fetch lands on the clock)
+    admit:    finish_prefetch(landed_pages from the clock) -> match -> load (queued)
+    step:     one cache.step() for all loads
     prefill:  wait -> verify borrowed pages -> alloc -> compute chunk -> publish (mid-flight)
     decode:   compute stride ... last stride -> publish at finish with a snapshot -> release
     end:      cache.poll()
 
 "Compute" writes synthetic page and snapshot contents derived from the token prefix
 (:mod:`hicache.engine.contents`), so every page a request borrows -- whichever tier it came
-from -- is checked byte for byte. A request whose pages cannot be allocated is preempted
-(released and re-queued), as engines do.
+from -- is checked (``EngineConfig.verify``: every byte, sampled words, or nothing). A
+request whose pages cannot be allocated is preempted (released and re-queued), as engines
+do. Copies and L3 reads happen for real; only the time they take is the clock's.
+
+``ReferenceEngine.run`` replays the requests twice: once without any cache (only the
+clock runs: the baseline time to first token) and once through the cache.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from hicache.cache import Boundary, HiCache, Lease
 from hicache.engine import contents
-from hicache.errors import ConfigError
+from hicache.engine.clock import ClockConfig
+from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, Job, NullExecutor,
+                                    RequestRecord)
+from hicache.engine.scheduler import Scheduler
+
+__all__ = ["ADMISSION_POLICIES", "CacheExecutor", "EngineConfig", "EngineReport", "ReferenceEngine",
+           "RequestRecord"]
 
 
-ADMISSION_POLICIES = ("reserve", "greedy")
+@dataclass(eq=False)
+class _Held:
+    """A running request's hold on the cache."""
 
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Scheduling knobs of the reference engine.
-
-    ``admission``: ``reserve`` (default) admits a request only while the device pages that
-    running requests will hold at their finish (prompt + output each, counted whole) plus
-    its own fit the device pool, first come first served; cached prefixes fill the rest and
-    are evicted as requests grow, so no request is preempted for room. ``greedy`` admits up
-    to ``max_running`` and preempts the youngest requests when pages run out (what an
-    engine without a memory-aware scheduler does; on a small device pool it thrashes).
-
-    ``prefill_tokens_per_s`` (optional) turns recomputed tokens into an estimated
-    time-to-first-token; ``decode_stride`` is how many output tokens a request decodes per
-    step (the cache only sees decoded tokens at finish, so this sets how long a request
-    holds its pages, not what is cached).
-    """
-
-    max_running: int = 16
-    step_tokens: int = 16384
-    chunk_tokens: int = 4096
-    decode_stride: int = 64
-    prefill_tokens_per_s: float | None = None
-    verify: bool = True
-    admission: str = "reserve"
-
-    def __post_init__(self) -> None:
-        for name in ("max_running", "step_tokens", "chunk_tokens", "decode_stride"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, v, "must be an integer >= 1")
-        if self.admission not in ADMISSION_POLICIES:
-            raise ConfigError("admission", self.admission, f"must be one of {list(ADMISSION_POLICIES)}")
-        if self.prefill_tokens_per_s is not None and self.prefill_tokens_per_s <= 0:
-            raise ConfigError("prefill_tokens_per_s", self.prefill_tokens_per_s, "must be > 0")
-
-
-@dataclass
-class RequestRecord:
-    """What happened to one request (one line of ``--requests-out``)."""
-
-    request_id: int
-    conversation_id: str
-    turn: int
-    prompt_tokens: int
-    hit_tokens: int = 0
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    l3_hit_tokens: int = 0
-    recomputed_tokens: int = 0
-    preemptions: int = 0
-    readmission_recomputed_tokens: int = 0  # prompt tokens recomputed after a preemption
-    verified_pages: int = 0
-    mismatched_pages: int = 0
-    finish_step: int = 0
-    rejected: bool = False   # needs more device pages than the device has: never run
-    finished: bool = False   # ran to its last output token
-
-
-@dataclass
-class _Running:
-    req: object
-    record: RequestRecord
     lease: Lease
     tokens: np.ndarray      # prompt + output
-    prompt_len: int
     hashes: list[bytes]
-    done: int               # tokens computed
-    verified: bool = False
 
 
-@dataclass
-class EngineReport:
-    records: list[RequestRecord] = field(default_factory=list)
-    steps: int = 0
-    preemptions: int = 0
-    rejected: int = 0
-    verified_pages: int = 0
-    mismatched_pages: int = 0
-    wall_s: float = 0.0
+@dataclass(eq=False)
+class _Prefetch:
+    pf: object | None       # the facade's Prefetch, None when there was nothing to fetch
+    start_s: float
+    pages: int = 0
+    page_bytes: int = 0
+    state_bytes: int = 0    # > 0 when the plan carries a snapshot (usable only whole)
 
 
-class ReferenceEngine:
-    """Runs requests (objects with ``request_id``, ``conversation_id``, ``turn``,
-    ``arrival_s``, ``prompt``, ``output``) through a :class:`HiCache`."""
+class CacheExecutor:
+    """The scheduler's requests carried out on a :class:`HiCache`, with the clock deciding
+    how much of each L3 prefetch has landed when its request is admitted."""
 
-    def __init__(self, cache: HiCache, cfg: EngineConfig = EngineConfig(),
-                 progress: Callable[[int, int], None] | None = None):
+    def __init__(self, cache: HiCache, verify: contents.VerifyMode, clock: ClockConfig):
         self.cache = cache
-        self.cfg = cfg
-        self.P = cache.page_tokens
-        self.progress = progress
-        self.has_state = bool(cache.layout.object_bytes("state"))
-        self.report = EngineReport()
+        self.mode = verify
+        self.clock = clock
+        self.page_tokens = cache.page_tokens
+        self.device_pages = cache.pools.device.capacity("page")
+        # write_back copies a page to the host when the device evicts it, before the row
+        # is reused: on the critical path. Write-through backups run beside the compute.
+        self.blocking_d2h = cache.config.write.write_policy == "write_back"
+        self.policy = cache.config.storage.prefetch_policy
+        self.timeout_s = cache.config.storage.prefetch_timeout_s
+        self._prefetches: dict[int, _Prefetch] = {}
+
+    # -- L3 prefetch on the clock -------------------------------------------------------
+    def prefetch(self, req, start_s: float) -> float:
+        """Start ``req``'s L3 prefetch as of ``start_s``; returns when the prefetch policy
+        lets it be admitted (best_effort: any time; wait_complete: when the whole fetch has
+        landed; timeout: that, or ``prefetch_timeout_s`` after the start)."""
+        pf = self.cache.prefetch(self.cache.match(np.asarray(req.prompt, np.int32)))
+        p = _Prefetch(pf, start_s)
+        self._prefetches[req.request_id] = p
+        plan = None
+        if pf is not None:
+            pf.op.wait_planned()  # the lookup, for real; the clock charges it a round trip
+            plan = pf.op.plan
+        if plan is None:
+            return start_s
+        p.pages, p.page_bytes = plan.pages, plan.page_bytes
+        p.state_bytes = plan.state_bytes if plan.state_index is not None else 0
+        land = start_s + self.clock.fetch_s(plan.nbytes)
+        if self.policy == "wait_complete":
+            return land
+        if self.policy == "timeout":
+            return min(land, start_s + self.timeout_s)
+        return start_s
+
+    def forget(self, req) -> None:
+        self.forget_id(req.request_id)
+
+    def drop_prefetches(self) -> list[int]:
+        """Cancel every prefetch of a queued request (they pin prefixes); their ids."""
+        dropped = list(self._prefetches)
+        for rid in dropped:
+            self.forget_id(rid)
+        return dropped
+
+    def forget_id(self, rid: int) -> None:
+        p = self._prefetches.pop(rid, None)
+        if p is not None and p.pf is not None:
+            self.cache.cancel_prefetch(p.pf)
+
+    def _finish_prefetch(self, job: Job, now: float) -> None:
+        p = self._prefetches.pop(job.req.request_id, None)
+        if p is None or p.pf is None:
+            return
+        landed = self.clock.landed_pages(now - p.start_s, p.pages, p.page_bytes, p.state_bytes)
+        if job.record.l3_planned_pages == 0:
+            job.record.l3_planned_pages, job.record.l3_landed_pages = p.pages, landed
+        if landed == 0:
+            self.cache.cancel_prefetch(p.pf)  # nothing would have arrived: read nothing
+        else:
+            self.cache.finish_prefetch(p.pf, landed_pages=landed)
 
     # -- per request --------------------------------------------------------------------
-    def _admit(self, req) -> _Running | None:
+    def admit(self, job: Job, now: float, first: bool) -> int:
+        self._finish_prefetch(job, now)
+        req, rec = job.req, job.record
         prompt = np.asarray(req.prompt, np.int32)
         tokens = np.concatenate([prompt, np.asarray(req.output, np.int32)])
         hashes = self.cache.page_hashes(tokens)
-        rec = self._records.get(req.request_id)
-        first = rec is None
-        if first:
-            rec = RequestRecord(req.request_id, str(req.conversation_id), int(req.turn), len(prompt))
-            self._records[req.request_id] = rec
-        pf = self._prefetching.pop(req.request_id, None)
-        if pf is not None:
-            self.cache.finish_prefetch(pf)
         lease = self.cache.load(self.cache.match(prompt), start=False)
+        job.handle = _Held(lease, tokens, hashes)
         hit = lease.resume_tokens
         if first:
             # Hits are what the cache offered when the request arrived. A preempted request
@@ -151,199 +145,68 @@ class ReferenceEngine:
             rec.recomputed_tokens = len(prompt) - hit
         else:
             rec.readmission_recomputed_tokens += len(prompt) - hit
-        self._reserved += self._footprint(req)
-        return _Running(req, rec, lease, tokens, len(prompt), hashes, done=hit)
+        return hit
 
-    def _footprint(self, req) -> int:
-        """Device pages ``req`` holds at its finish (prompt + output)."""
-        return -(-(len(req.prompt) + len(req.output)) // self.P)
-
-    def _fits(self, req, deferred: list) -> bool:
-        """Admission control: may ``req`` start now without taking others' room?
-
-        ``deferred`` requests (admitted, waiting a step for their prefetch) count as running.
-        """
-        held = self._reserved + sum(self._footprint(r) for r in deferred)
-        if self.cfg.admission == "greedy" or held == 0:
-            return True
-        return held + self._footprint(req) <= self._device_pages
-
-    def _start_prefetch(self, req) -> bool:
-        """Start an L3 prefetch for ``req`` if the host misses part of its prompt.
-
-        Returns True when the request should wait a step for it (``best_effort``: the
-        lookup runs while this step computes); other policies block in finish_prefetch.
-        """
-        m = self.cache.match(np.asarray(req.prompt, np.int32))
-        pf = self.cache.prefetch(m)
-        if pf is None:
+    def verify(self, job: Job) -> bool:
+        """Wait for the request's loads and check its borrowed pages; False if a load failed."""
+        held: _Held = job.handle
+        if not held.lease.wait():
             return False
-        self._prefetching[req.request_id] = pf
-        return self.cache.config.storage.prefetch_policy == "best_effort"
-
-    def _verify(self, run: _Running) -> None:
-        if self.cfg.verify:
-            good, bad, sgood, sbad = contents.verify_prefix(self.cache, run.lease, run.hashes)
-            run.record.verified_pages += good + sgood
-            run.record.mismatched_pages += bad + sbad
-        run.verified = True
-
-    def _compute(self, run: _Running, upto: int) -> bool:
-        if not contents.compute(self.cache, run.lease, run.hashes, run.done, upto):
-            return False
-        run.done = upto
+        good, bad, sgood, sbad = contents.verify_prefix(self.cache, held.lease, held.hashes, self.mode)
+        job.record.verified_pages += good + sgood
+        job.record.mismatched_pages += bad + sbad
         return True
 
-    def _publish(self, run: _Running, why: Boundary) -> bool:
-        if run.done // self.P <= run.lease.published_pages and why is Boundary.PREFILL:
-            return True
-        contents.publish(self.cache, run.lease, run.tokens, run.done, run.hashes, why)
-        return True
+    def compute(self, job: Job, upto: int) -> bool:
+        held: _Held = job.handle
+        return contents.compute(self.cache, held.lease, held.hashes, job.done, upto, self.mode)
 
-    def _release(self, run: _Running) -> None:
-        self.cache.release(run.lease)
-        self._reserved -= self._footprint(run.req)
+    def publish(self, job: Job, why: Boundary) -> None:
+        held: _Held = job.handle
+        if why is Boundary.PREFILL and job.done // self.page_tokens <= held.lease.published_pages:
+            return
+        contents.publish(self.cache, held.lease, held.tokens, job.done, held.hashes, why, self.mode)
 
-    def _preempt(self, run: _Running, running: list, retry: list) -> None:
-        self._release(run)
-        running.remove(run)
-        run.record.preemptions += 1
-        self.report.preemptions += 1
-        retry.insert(0, run.req)
+    def release(self, job: Job) -> None:
+        self.cache.release(job.handle.lease)
 
-    def _make_room(self, run: _Running, target: int, running: list, retry: list) -> bool:
-        """Compute up to ``target``; on no room, let in-flight copies finish (they pin
-        pages), then preempt the youngest other requests -- never the oldest, so some
-        request always makes progress (no livelock of mutual preemption)."""
-        if self._compute(run, target):
-            return True
+    # -- the cache's own pace -----------------------------------------------------------
+    def step(self) -> None:
+        self.cache.step()
+
+    def poll(self) -> None:
+        self.cache.poll()
+
+    def drain(self) -> None:
         self.cache.drain()
-        if self._compute(run, target):
-            return True
-        for other in sorted((r for r in running if r is not run), key=lambda r: -r.req.request_id):
-            if other.req.request_id < run.req.request_id:
-                break  # older requests keep their pages
-            self._preempt(other, running, retry)
-            if self._compute(run, target):
-                return True
-        return False
 
-    # -- the loop -----------------------------------------------------------------------
+    def moved(self) -> tuple[int, int]:
+        """Bytes copied host -> device and device -> host so far."""
+        t = self.cache.transfer_stats()
+        return t["h2d"]["bytes"], t["d2h"]["bytes"]
+
+    def close(self) -> None:
+        self.drop_prefetches()
+
+
+class ReferenceEngine:
+    """Runs requests (objects with ``request_id``, ``conversation_id``, ``turn``,
+    ``arrival_s``, ``prompt``, ``output``) through a :class:`HiCache` on the virtual clock,
+    and the same requests without any cache for the baseline time to first token."""
+
+    def __init__(self, cache: HiCache, cfg: EngineConfig = EngineConfig(),
+                 progress: Callable[[int, int], None] | None = None):
+        self.cache = cache
+        self.cfg = cfg
+        self.progress = progress
+
     def run(self, requests: Sequence) -> EngineReport:
-        t0 = time.perf_counter()
-        self._records: dict[int, RequestRecord] = {}
-        self._prefetching: dict[int, object] = {}
-        self._device_pages = self.cache.pools.device.capacity("page")
-        self._reserved = 0  # footprints of running requests
-        deferred: list = []   # admitted, waiting one step for their L3 prefetch
-        waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-        waiting.reverse()  # pop() from the end = earliest arrival
-        running: list[_Running] = []
-        retry: list = []
-        now, finished, total = 0.0, 0, len(waiting)
-        # A conversation's turn k+1 starts only after turn k finished (its prompt holds
-        # turn k's output); arrival times alone cannot know how long turn k took.
-        busy: set[str] = set()
-        held: dict[str, list] = {}
-
-        def next_turn(conv: str) -> None:
-            """A conversation's turn ended: its next held turn may start."""
-            busy.discard(conv)
-            if held.get(conv):
-                retry.append(held[conv].pop(0))
-                busy.add(conv)
-                if not held[conv]:
-                    del held[conv]
-        while waiting or running or retry or held or deferred:
-            for req in deferred:
-                running.append(self._admit(req))
-            deferred = []
-            while len(running) + len(deferred) < self.cfg.max_running and (retry or waiting):
-                from_retry = bool(retry)
-                if from_retry:
-                    req = retry[0]
-                elif waiting[-1].arrival_s <= now or not running:
-                    req = waiting[-1]
-                    conv = str(req.conversation_id)
-                    if conv in busy:  # its previous turn is still running: hold it
-                        waiting.pop()
-                        now = max(now, req.arrival_s)
-                        held.setdefault(conv, []).append(req)
-                        continue
-                else:
-                    break
-                too_big = self._footprint(req) > self._device_pages
-                if not too_big and not self._fits(req, deferred):
-                    break  # first come, first served: wait until running requests finish
-                if from_retry:
-                    retry.pop(0)
-                else:
-                    waiting.pop()
-                    now = max(now, req.arrival_s)
-                    busy.add(str(req.conversation_id))
-                if too_big:
-                    rec = RequestRecord(req.request_id, str(req.conversation_id), int(req.turn), len(req.prompt),
-                                        recomputed_tokens=len(req.prompt), rejected=True)
-                    self._records[req.request_id] = rec
-                    self.report.rejected += 1
-                    next_turn(str(req.conversation_id))
-                    continue
-                # A request waits one step for its L3 prefetch on first admission only: a
-                # retried one (preempted, or a failed load) runs with what has landed, so
-                # no request is deferred forever.
-                if self._start_prefetch(req) and not from_retry:
-                    deferred.append(req)
-                else:
-                    running.append(self._admit(req))
-            assert running or retry or waiting or deferred or not held, "held turns with nothing running"
-            self.cache.step()  # every load of this step as one batched copy
-            budget = self.cfg.step_tokens
-            for run in list(running):
-                if budget <= 0:
-                    break
-                if run not in running:  # preempted by an older request this step
-                    continue
-                if not run.verified:
-                    if not run.lease.wait():  # a failed load: recompute from scratch
-                        self._release(run)
-                        running.remove(run)
-                        retry.append(run.req)
-                        continue
-                    self._verify(run)
-                before = run.done
-                if run.done < run.prompt_len:
-                    step = max(min(self.cfg.chunk_tokens, budget) // self.P * self.P, self.P)
-                    target = min(run.done - run.done % self.P + step, run.prompt_len)
-                    why = Boundary.PROMPT_END if target == run.prompt_len else Boundary.PREFILL
-                    ok = self._make_room(run, target, running, retry) and self._publish(run, why)
-                else:
-                    target = min(run.done + self.cfg.decode_stride, len(run.tokens))
-                    ok = self._make_room(run, target, running, retry)
-                    if ok and target == len(run.tokens):
-                        self._publish(run, Boundary.FINISH)
-                        self._release(run)
-                        running.remove(run)
-                        run.record.finish_step = self.report.steps
-                        run.record.finished = True
-                        finished += 1
-                        next_turn(str(run.req.conversation_id))
-                        budget -= target - before
-                        if self.progress is not None:
-                            self.progress(finished, total)
-                        continue
-                budget -= run.done - before
-                if not ok:  # no device room even after preempting others: wait for a retry
-                    self._preempt(run, running, retry)
-            self.cache.poll()
-            self.report.steps += 1
-            now += self._step_seconds()
-        self.cache.drain()
-        self.report.records = [self._records[k] for k in sorted(self._records)]
-        self.report.verified_pages = sum(r.verified_pages for r in self.report.records)
-        self.report.mismatched_pages = sum(r.mismatched_pages for r in self.report.records)
-        self.report.wall_s = time.perf_counter() - t0
-        return self.report
-
-    def _step_seconds(self) -> float:
-        rate = self.cfg.prefill_tokens_per_s or 20_000.0
-        return self.cfg.step_tokens / rate
+        device_pages = self.cache.pools.device.capacity("page")
+        baseline = Scheduler(NullExecutor(self.cache.page_tokens, device_pages), self.cfg).run(requests)
+        ex = CacheExecutor(self.cache, self.cfg.verify, self.cfg.clock)
+        report = Scheduler(ex, self.cfg, self.progress).run(requests)
+        uncached = {r.request_id: r.ttft_s for r in baseline.records}
+        for r in report.records:
+            r.ttft_uncached_s = uncached.get(r.request_id)
+        report.wall_s += baseline.wall_s
+        return report

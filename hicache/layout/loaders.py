@@ -35,7 +35,7 @@ from hicache.units import check_int
 from hicache.errors import ConfigError
 from hicache.layout.spec import MAX_LAYERS, CacheLayout, FamilySpec, _require_int, parse_layers
 
-TOP_LEVEL_KEYS = ("model", "layout", "cache")
+TOP_LEVEL_KEYS = ("model", "layout", "cache", "engine")  # engine: hicache.engine.clock
 LAYOUT_KEYS = ("page_tokens", "families", "hf_config", "kv_format", "indexer_format",
                "include_mtp")
 FAMILY_KEYS = ("name", "kind", "layers", "tokens_per_row", "row_bytes", "rows_kept",

@@ -72,6 +72,35 @@ def test_pages_without_their_snapshot_are_not_used():
     eng.cache.close()
 
 
+def test_landed_pages_inserts_only_what_a_callers_clock_says_arrived():
+    # stateless: a leading run of the fetched pages is usable
+    eng = Engine(make_cache(mha_layout(), device_pages=4, host_pages=10, prefetch_policy="best_effort"))
+    a = toks(1, 2, 3, extra=1)
+    eng.run(a)
+    eng.cache.drain()
+    evict_everything(eng)
+    assert eng.cache.finish_prefetch(eng.cache.prefetch(eng.cache.match(a)), landed_pages=2) == 8
+    assert eng.cache.match(a).resume_tokens == 8
+    _, lease = eng.start(a)                                      # loads and verifies bytes
+    assert lease.l3_tokens == 8
+    eng.cache.release(lease)
+    eng.cache.drain()
+    eng.cache.check_integrity()
+    eng.cache.close()
+    # with state: the snapshot closes the plan, so anything short of it is nothing
+    for landed, expect in ((2, 0), (0, 0), (3, 12)):
+        eng = Engine(make_cache(device_pages=4, host_pages=10, device_snaps=2, host_snaps=4,
+                                prefetch_policy="best_effort"))
+        eng.run(a)
+        eng.cache.drain()
+        evict_everything(eng)
+        assert eng.cache.finish_prefetch(eng.cache.prefetch(eng.cache.match(a)), landed_pages=landed) == expect
+        assert eng.cache.match(a).resume_tokens == expect
+        eng.cache.drain()
+        eng.cache.check_integrity()
+        eng.cache.close()
+
+
 def test_two_processes_share_pages_through_l3(tmp_path):
     url = f"file://{tmp_path}/l3"
     writer = textwrap.dedent(f"""

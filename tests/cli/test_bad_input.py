@@ -155,10 +155,11 @@ def test_json_never_holds_nan_or_infinity(capsys):
 def test_outputs_are_written_after_a_good_run(capsys, tmp_path):
     pytest.importorskip("matplotlib")
     req, plot = tmp_path / "r.jsonl", tmp_path / "hit.png"
-    rc, out, _ = run_cli(capsys, R + ["--json", "--prefill-tps", "5000", "--requests-out", str(req), "--plot", str(plot)])
+    rc, out, _ = run_cli(capsys, R + ["--json", "--prefill-tps", "5000", "--requests-out", str(req), "--plot", str(plot),
+                                      "--device-pages", "400"])  # room to run, so TTFTs exist
     summary = json.loads(out, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
     assert rc == 0 and summary["requests"] == len(req.read_text().splitlines()) > 0
-    assert plot.stat().st_size > 0 and summary["ttft_mean_s_cached"] >= 0
+    assert plot.stat().st_size > 0 and summary["ttft_mean_s"] >= 0
 
 
 def test_a_hf_fixture_still_loads(capsys):

@@ -45,3 +45,29 @@ def test_bad_policy_flags_are_one_line(capsys, flags, named):
     assert main(["replay", *SMALL, *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hicache replay: error:") and named in err[0], err
+
+
+def test_trace_replay_counts_skips_and_writes_one_line_per_replayed_record(capsys, tmp_path):
+    lines = ['{"hash_ids": [1, 2], "input_length": 600, "block_size": 256, "output_length": 20}',
+             '{"hash_ids": [], "input_length": 90, "block_size": 256}',        # skipped, as the simulator does
+             "not json",
+             '{"hash_ids": [1, 2, 3], "input_length": 700, "timestamp": 900, "unknown": [1]}']
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    out_path = tmp_path / "req.jsonl"
+    rc, out = replay(capsys, "--trace", str(trace), "--requests-out", str(out_path))
+    assert rc == 0 and out["requests"] == 2
+    assert (out["skipped_records"], out["parse_errors"]) == (1, 1)
+    assert out["first_parse_error"].startswith("t.jsonl:3:")
+    rows = [json.loads(x) for x in out_path.read_text().splitlines()]
+    assert [r["trace_line"] for r in rows] == [1, 4] and [r["prompt_tokens"] for r in rows] == [600, 700]
+    for r in rows:
+        assert r["ttft_s"] >= r["queue_s"] >= 0 and r["ttft_uncached_s"] > 0
+
+
+def test_main_job_serves_hits_from_every_tier_and_shows_the_ceiling(capsys):
+    assert main(["replay", "--quiet", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["device_hit_tokens"] > 0 and out["host_hit_tokens"] > 0 and out["l3_hit_tokens"] > 0
+    assert out["hit_rate"] < out["ceiling"] <= 1 and out["mismatched_pages"] == 0
+    assert out["verify"] == "sample" and out["ttft_p50_s"] is not None

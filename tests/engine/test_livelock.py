@@ -10,22 +10,22 @@ from __future__ import annotations
 import json
 
 from hicache.cli.main import main
-from hicache.engine import loop
+from hicache.engine import scheduler
 
-STEP_LIMIT = 5000  # the fixed engine needs ~260 steps; a livelock would spin forever
+STEP_LIMIT = 5000  # ~580 steps (the no-cache baseline pass and the cached one); a livelock spins forever
 
 
 def test_greedy_admission_with_best_effort_prefetch_serves_every_request(monkeypatch, capsys):
     steps = {"n": 0}
-    real = loop.ReferenceEngine._step_seconds
+    real = scheduler.Scheduler._step
 
     def counted(self):
         steps["n"] += 1
         assert steps["n"] < STEP_LIMIT, f"no end after {STEP_LIMIT} steps: livelock"
         return real(self)
 
-    monkeypatch.setattr(loop.ReferenceEngine, "_step_seconds", counted)
-    rc = main(["replay", "--config", "tiny-hybrid", "--conversations", "20", "--device-pages", "200",
+    monkeypatch.setattr(scheduler.Scheduler, "_step", counted)
+    rc = main(["replay", "--config", "tiny-hybrid", "--workload", "synthetic", "--conversations", "20", "--device-pages", "200",
                "--host-pages", "300", "--prefetch-policy", "best_effort", "--admission", "greedy",
                "--max-running", "16", "--json", "--quiet"])
     out = json.loads(capsys.readouterr().out)

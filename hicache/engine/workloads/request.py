@@ -37,7 +37,8 @@ class Request:
     ``prompt`` and ``output`` are read-only int32 arrays. For multi-turn workloads built
     here (synthetic, ShareGPT), turn k+1's prompt starts with turn k's ``prompt + output``
     exactly; requests loaded from a trace carry synthetic outputs that later prompts do not
-    contain (a trace records only prompt blocks).
+    contain (a trace records only prompt blocks). ``source_line`` is the trace line a
+    request was read from (None for built workloads).
     """
 
     request_id: int
@@ -46,6 +47,7 @@ class Request:
     arrival_s: float
     prompt: np.ndarray
     output: np.ndarray
+    source_line: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompt", "output"):
@@ -187,21 +189,33 @@ def _page_chain(tokens: np.ndarray, page_tokens: int) -> list[bytes]:
     return out
 
 
-def summarize(requests: Sequence[Request], *, page_tokens: int = 256) -> WorkloadStats:
-    """Counts and the unbounded-cache reuse ceiling of ``requests`` (in request order)."""
+def reusable_per_request(requests: Sequence[Request], *, page_tokens: int = 256) -> dict[int, int]:
+    """Per request id: prompt tokens an unbounded page cache could serve (the ceiling).
+
+    Whole pages of ``page_tokens``, capped one token short of the prompt (an engine
+    computes at least the last prompt token); a page is reusable when the same chain of
+    pages was in an earlier request's (by request id) prompt + output.
+    """
     if isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or page_tokens < 1:
         raise ConfigError("page_tokens", page_tokens, "must be a positive integer")
     seen: set[bytes] = set()
-    reusable = 0
-    turns: dict[str, int] = {}
+    out: dict[int, int] = {}
     for r in sorted(requests, key=lambda r: r.request_id):
         usable = (r.prompt_len - 1) // page_tokens
         chain = _page_chain(np.concatenate([r.prompt, r.output]), page_tokens)
         hit = 0
         while hit < usable and chain[hit] in seen:
             hit += 1
-        reusable += hit * page_tokens
+        out[r.request_id] = hit * page_tokens
         seen.update(chain)
+    return out
+
+
+def summarize(requests: Sequence[Request], *, page_tokens: int = 256) -> WorkloadStats:
+    """Counts and the unbounded-cache reuse ceiling of ``requests`` (in request order)."""
+    reusable = sum(reusable_per_request(requests, page_tokens=page_tokens).values())
+    turns: dict[str, int] = {}
+    for r in requests:
         turns[r.conversation_id] = max(turns.get(r.conversation_id, 0), r.turn + 1)
     n = len(requests)
     prompt_tokens = sum(r.prompt_len for r in requests)

@@ -101,6 +101,10 @@ class SyntheticSpec:
 PRESETS: dict[str, SyntheticSpec] = {
     # Chat traffic: a few popular system prompts, 2-8 turns, a new conversation every 0.5 s.
     "chat": SyntheticSpec(),
+    # Long chats: 6-12 turns, 30 s between turns. Other conversations' traffic pushes a
+    # conversation's earlier turns off the device before its next turn arrives, so the
+    # host and L3 tiers get to serve them (``hicache replay``'s main job).
+    "multi-turn": SyntheticSpec(turns=(6, 12), think_time_s=30.0),
     # 1M-token context: each conversation opens with a 256K-1M token document and asks
     # 3-6 short questions about it; two conversations at a time.
     "long-context": SyntheticSpec(

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from hicache.engine.workloads import Request, load_trace, synthetic, write_trace
+from hicache.engine.workloads import Request, load_trace, read_trace, synthetic, write_trace
 from hicache.errors import ConfigError
 from tests.engine.workloads.helpers import check_workload
 
@@ -88,29 +88,31 @@ def _one(tmp_path, record, name="one.jsonl") -> str:
 
 
 @pytest.mark.parametrize("lines, match", [
-    (["{not json"], "not valid JSON"),
-    (["[1, 2]"], "must be a JSON object"),
-    ([{"input_length": 4, "block_size": 4}], "hash_ids"),
     ([{"hash_ids": [True], "input_length": 4, "block_size": 4}], "hash ids must be integers or strings"),
+    ([{"hash_ids": [1.5], "input_length": 4, "block_size": 4}], "hash ids must be integers or strings"),
     ([{"hash_ids": [1], "input_length": 0, "block_size": 4}], "input_length"),
-    ([{"hash_ids": [1, 2], "input_length": 4, "block_size": 4}], "does not fit 2 hash ids"),
-    ([{"hash_ids": [1], "input_length": 5, "block_size": 4}], "does not fit 1 hash ids"),
+    ([{"hash_ids": [1], "input_length": "4.5", "block_size": 4}], "input_length"),
+    ([{"hash_ids": [1], "block_size": 4}], "input_length"),
     ([{"hash_ids": [1], "input_length": 4}], "block_size"),
+    ([{"hash_ids": [1], "input_length": 4, "block_size": 0}], "block_size"),
     ([{"hash_ids": [1], "input_length": 4, "block_size": 4},
       {"hash_ids": [1], "input_length": 8, "block_size": 8}], "differs from the trace's 4"),
-    ([{"hash_ids": [1], "input_length": 4, "block_size": 4, "timestamp": 9},
-      {"hash_ids": [1], "input_length": 4, "block_size": 4, "timestamp": 3}], "earlier than"),
-    ([{"hash_ids": [1, 2], "input_length": 5, "block_size": 4, "block_tokens": [4, 2]}], "add up to 6"),
-    ([{"hash_ids": [1], "input_length": 4, "block_size": 4, "output_length": -1}], "output_length"),
-    ([], "has no records"),
+    ([{"hash_ids": [1, 2], "input_length": 5, "block_size": 4, "block_tokens": [4]}], "one token count"),
+    ([{"hash_ids": [1, 2], "input_length": 5, "block_size": 4, "block_tokens": [4, 0]}], "positive"),
+    (["{not json", "[1, 2]", {"hash_ids": [], "input_length": 3}], "has no usable records"),
+    ([], "has no usable records"),
 ])
-def test_bad_lines_name_the_line(tmp_path, lines, match):
+def test_what_the_simulator_refuses_is_refused_naming_the_line(tmp_path, lines, match):
     path = tmp_path / "bad.jsonl"
     path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in lines))
     with pytest.raises(ConfigError, match=match) as info:
         load_trace(path)
-    if lines:
+    assert "kvcache-simulator refuses" in str(info.value)
+    if "usable" not in match:
         assert "bad.jsonl:" in str(info.value)
+    sim_trace = pytest.importorskip("kvcache_sim.trace")
+    with pytest.raises(ValueError):
+        sim_trace.parse_trace_file(path)
 
 
 def test_missing_file_and_bad_block_size(tmp_path):
@@ -177,15 +179,24 @@ def test_alias_cycles_are_refused(tmp_path):
     assert np.array_equal(r0.prompt, r2.prompt[:2])   # x is x wherever it appears
 
 
-@pytest.mark.parametrize("name, data, words", [
-    ("t.jsonl", b'{"hash_ids": [1], "input_length": 4}\n\xff\xfe\n', "not UTF-8"),
-    ("t.jsonl.gz", b"\x1f\x8b\x08\x00 not really gzip", "cannot be read"),
-])
-def test_unreadable_traces_are_config_errors(tmp_path, name, data, words):
-    from hicache.errors import ConfigError
-
-    p = tmp_path / name
-    p.write_bytes(data)
+def test_unreadable_traces_are_config_errors(tmp_path):
+    p = tmp_path / "t.jsonl.gz"
+    p.write_bytes(b"\x1f\x8b\x08\x00 not really gzip")
     with pytest.raises(ConfigError) as exc:
         load_trace(p)
-    assert exc.value.field == "trace" and words in str(exc.value)
+    assert exc.value.field == "trace" and "cannot be read" in str(exc.value)
+
+
+def test_bad_utf8_is_replaced_as_the_simulator_does(tmp_path):
+    # kvcache-simulator opens traces with errors="replace": a line of bad bytes is a parse error.
+    p = tmp_path / "t.jsonl"
+    p.write_bytes(b'{"hash_ids": [1], "input_length": 4, "block_size": 4}\n\xff\xfe\n')
+    loaded = read_trace(p)
+    assert len(loaded.requests) == 1 and loaded.parse_errors == 1
+
+
+def test_requests_too_long_to_materialize_are_refused(tmp_path):
+    p = tmp_path / "t.jsonl"
+    p.write_text(json.dumps({"hash_ids": [1], "input_length": 10**12, "block_size": 256}) + "\n")
+    with pytest.raises(ConfigError, match="materialized"):
+        load_trace(p)

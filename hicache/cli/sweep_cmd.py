@@ -1,0 +1,190 @@
+"""``hicache sweep``: the same requests replayed at several host budgets, beside
+kvcache-simulator's LRU and optimal at the same bytes.
+
+    hicache sweep [--config C] (--trace FILE | --workload W [--conversations N] [--seed S])
+                  --device-gib D --host-gib a,b,c [--write-policy P ...] [--json] [--plot FILE.png]
+
+Each point is a full replay on a fresh cache (every byte it reads back checked, as
+``--verify`` says). When ``kvcache-simulator`` is installed, its ``lru`` and ``optimal``
+policies run once over the same trace (a workload is first written as a trace with the
+layout's page size as block size) with, per point, the capacity of our device + host
+pages in tokens, scaled into its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib``
+is the budget to pass to ``kvcache-simulator run --budgets-gib`` to reproduce
+``sim_lru`` / ``sim_optimal``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from hicache.cli.common import check_output, print_json
+from hicache.cli.progress import Progress
+from hicache.cli.replay_cmd import (Workload, add_cache_args, add_engine_args, add_source_args, budget_overrides,
+                                    engine_config, load_cache_config, load_requests, replay_once)
+from hicache.cli.table import render_table
+from hicache.errors import ConfigError
+
+POINT_KEYS = ("device_gib", "host_gib", "device_pages", "host_pages", "hit_rate", "hit_rate_last_half",
+              "sim_gib", "sim_blocks", "sim_status", "sim_lru", "sim_optimal", "device_hit_tokens",
+              "host_hit_tokens", "l3_hit_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+              "ttft_uncached_p50_s", "queue_p90_s", "preemptions", "verified_pages", "mismatched_pages", "wall_s")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sweep", help="replay the same requests at several host budgets, beside kvcache-simulator",
+                       description="Replay one workload or trace at each host budget and compare the hit rate "
+                                   "with kvcache-simulator's LRU and optimal policies at the same bytes.")
+    add_source_args(p, conversations_help="conversations (default 60)")
+    p.add_argument("--device-gib", type=float, required=True, help="device (L1) budget in GiB, every point")
+    p.add_argument("--host-gib", required=True, metavar="A,B,C", help="host (L2) budgets in GiB, one point each")
+    add_cache_args(p)
+    add_engine_args(p)
+    sim = p.add_argument_group("kvcache-simulator (when installed)")
+    sim.add_argument("--sim-model", default=None, help="its model id (default: the config's model)")
+    sim.add_argument("--sim-kv-precision", default=None, help="its KV precision (default: its model default)")
+    sim.add_argument("--sim-indexer-precision", default=None, help="its indexer precision (default: its default)")
+    sim.add_argument("--sim-backend", choices=["cpp", "python"], default="cpp", help="its backend (default cpp)")
+    sim.add_argument("--no-sim", action="store_true", help="do not run kvcache-simulator")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="FILE.png", help="hit rate vs host budget (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(func=run)
+
+
+def parse_budgets(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError("--host-gib", text, "must be comma-separated GiB figures like 0.5,1,2") from None
+    if not values or any(not v > 0 for v in values):
+        raise ConfigError("--host-gib", text, "must list one or more budgets > 0")
+    return values
+
+
+def _trace_for_sim(args: argparse.Namespace, work: Workload, page_tokens: int, tmp: str) -> str:
+    """The trace the simulator reads: the given one, or the workload written as one."""
+    if args.trace:
+        return args.trace
+    from hicache.engine.workloads import write_trace
+
+    path = str(Path(tmp) / "workload.jsonl")
+    write_trace(work.requests, path, block_size=page_tokens)
+    return path
+
+
+def _point(summary: dict, device_gib: float, host_gib: float) -> dict:
+    out = {"device_gib": device_gib, "host_gib": host_gib}
+    out.update({k: summary[k] for k in POINT_KEYS if k in summary})
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from hicache.engine import kvsim
+
+    hosts = parse_budgets(args.host_gib)
+    check_output("--plot", args.plot)
+    work = load_requests(args)
+    n = len(work.requests)
+    progress = Progress("sweep", n * len(hosts), enabled=not args.quiet)
+    points, summaries = [], []
+    layout = cfg = path = None
+    for i, host in enumerate(hosts):
+        path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
+        ecfg = engine_config(args, path)
+
+        def step(done: int, total: int, offset: int = i * n) -> None:
+            progress(offset + done, n * len(hosts), f"host {host:g} GiB")
+
+        summary, _ = replay_once(layout, cfg, ecfg, work, step)
+        summaries.append(summary)
+        points.append(_point(summary, args.device_gib, host))
+    out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
+           "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
+           "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"]}
+    out.update(work.trace_info)
+    if not args.no_sim and kvsim.available():
+        with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
+            trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
+            caps = [(p["device_pages"] + p["host_pages"]) * layout.page_tokens for p in points]
+            model = args.sim_model or kvsim.model_for(layout.model)
+            sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
+                                 indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)
+        for p, s in zip(points, sim["points"]):
+            p.update(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
+                     sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
+                     sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"])
+        k = sim["kvsim"]
+        out.update(sim_model=k["model"], sim_kv_precision=k["kv_precision"],
+                   sim_indexer_precision=k["indexer_precision"], sim_backend=k["backend"],
+                   sim_version=k["version"], sim_block_size=sim["block_size"], sim_ceiling=sim["ceiling"]["hit_rate"],
+                   sim_trace=args.trace)
+    else:
+        out.update(sim_model=None, sim_kv_precision=None, sim_indexer_precision=None)
+    out["points"] = points
+    if args.plot:
+        write_plot(args.plot, out)
+    if args.json:
+        print_json(out)
+    else:
+        print_table(out)
+    return 0 if all(p["mismatched_pages"] == 0 for p in points) else 1
+
+
+def _pct(v) -> str | None:
+    return None if v is None else f"{100 * v:.2f}%"
+
+
+def print_table(out: dict) -> None:
+    pts = out["points"]
+    rows = []
+    for p in pts:
+        pt = p["device_hit_tokens"] + p["host_hit_tokens"] + p["l3_hit_tokens"]
+        rows.append([f"{p['host_gib']:g}", f"{p['device_pages']:,} + {p['host_pages']:,}", _pct(p["hit_rate"]),
+                     _pct(p["hit_rate_last_half"]), _pct(p.get("sim_lru")) or p.get("sim_status"),
+                     _pct(p.get("sim_optimal")) or p.get("sim_status"),
+                     None if p.get("sim_gib") is None else f"{p['sim_gib']:.4f}",
+                     f"{p['device_hit_tokens'] / max(pt, 1):.0%} / {p['host_hit_tokens'] / max(pt, 1):.0%} / "
+                     f"{p['l3_hit_tokens'] / max(pt, 1):.0%}",
+                     None if p["ttft_p50_s"] is None else f"{p['ttft_p50_s']:.3f}", p["mismatched_pages"]])
+    print(render_table(["host GiB", "pages dev + host", "hit rate", "last half", "sim LRU", "sim optimal",
+                        "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
+                       title=f"hicache sweep: {Path(out['config']).stem}, {out['workload']}, {out['requests']} "
+                             f"requests, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"))
+    print()
+    print(f"ceiling (unlimited memory): {out['ceiling']:.2%} of all prompt tokens, "
+          f"{out['ceiling_last_half']:.2%} of the last half")
+    if out.get("sim_model"):
+        print(f"kvcache-simulator {out['sim_version']}: model {out['sim_model']}, kv {out['sim_kv_precision']}, "
+              f"indexer {out['sim_indexer_precision']}, last half measured, its ceiling {out['sim_ceiling']:.2%}; "
+              f"rerun one point with: kvcache-simulator run --trace TRACE --model {out['sim_model']} "
+              f"--budgets-gib SIM_GIB --policies lru,optimal")
+    else:
+        print("kvcache-simulator not run (not installed, or --no-sim)")
+
+
+def write_plot(path: str, out: dict) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot", path, "needs matplotlib: pip install 'hicache[plot]'") from None
+    pts = out["points"]
+    xs = [p["host_gib"] for p in pts]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(xs, [p["hit_rate_last_half"] for p in pts], "o-", label="hicache (last half)")
+    for key, label in (("sim_lru", "kvcache-simulator LRU"), ("sim_optimal", "kvcache-simulator optimal")):
+        if any(p.get(key) is not None for p in pts):
+            ax.plot(xs, [p.get(key) for p in pts], "s--", label=label)
+    ax.axhline(out["ceiling_last_half"], color="grey", linestyle=":", label="ceiling (unlimited memory)")
+    ax.set_xlabel(f"host budget, GiB (device {pts[0]['device_gib']:g} GiB)")
+    ax.set_ylabel("hit rate, last half of requests")
+    ax.set_ylim(0, 1)
+    ax.legend(loc="lower right")
+    ax.set_title(f"{out['workload']}, {out['requests']} requests")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

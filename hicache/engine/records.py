@@ -1,0 +1,203 @@
+"""What the reference engine is configured with, what it records per request, and the
+interface between its scheduler and a cache (:class:`Executor`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from hicache.cache import Boundary
+from hicache.engine.clock import ClockConfig
+from hicache.engine.contents import VERIFY_MODES, VerifyMode
+from hicache.errors import ConfigError
+
+ADMISSION_POLICIES = ("reserve", "greedy")
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Scheduling knobs of the reference engine.
+
+    ``admission``: ``reserve`` (default) admits a request only while the device pages that
+    running requests will hold at their finish (prompt + output each, counted whole) plus
+    its own fit the device pool, first come first served; cached prefixes fill the rest and
+    are evicted as requests grow, so no request is preempted for room. ``greedy`` admits up
+    to ``max_running`` and preempts the youngest requests when pages run out (what an
+    engine without a memory-aware scheduler does; on a small device pool it thrashes).
+
+    ``decode_stride``: at most this many output tokens per request per step (the clock
+    charges one ``decode_step_s`` per token; strides are cut at events, see the module
+    doc). ``verify``: how much of each page is written and checked
+    (:data:`hicache.engine.contents.VerifyMode`). ``prefetch_ahead``: queued requests
+    that get an L3 prefetch before admission (default ``max_running``). ``clock``: the
+    cost model of the virtual clock.
+    """
+
+    max_running: int = 16
+    step_tokens: int = 16384
+    chunk_tokens: int = 4096
+    decode_stride: int = 64
+    verify: VerifyMode = "sample"
+    admission: str = "reserve"
+    prefetch_ahead: int | None = None
+    clock: ClockConfig = field(default_factory=ClockConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("max_running", "step_tokens", "chunk_tokens", "decode_stride"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, v, "must be an integer >= 1")
+        if self.admission not in ADMISSION_POLICIES:
+            raise ConfigError("admission", self.admission, f"must be one of {list(ADMISSION_POLICIES)}")
+        if self.verify not in VERIFY_MODES:
+            raise ConfigError("verify", self.verify, f"must be one of {list(VERIFY_MODES)}")
+        a = self.prefetch_ahead
+        if a is not None and (isinstance(a, bool) or not isinstance(a, int) or a < 0):
+            raise ConfigError("prefetch_ahead", a, "must be an integer >= 0")
+
+    @property
+    def lookahead(self) -> int:
+        return self.max_running if self.prefetch_ahead is None else self.prefetch_ahead
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request (one line of ``--requests-out``). Times are virtual
+    seconds; ``ready_s`` is the arrival, or the previous turn's finish when that was later."""
+
+    request_id: int
+    conversation_id: str
+    turn: int
+    prompt_tokens: int
+    trace_line: int | None = None
+    hit_tokens: int = 0
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    l3_hit_tokens: int = 0
+    recomputed_tokens: int = 0
+    preemptions: int = 0
+    readmission_recomputed_tokens: int = 0  # prompt tokens recomputed after a preemption
+    verified_pages: int = 0
+    mismatched_pages: int = 0
+    l3_planned_pages: int = 0   # pages the L3 prefetch planned to fetch
+    l3_landed_pages: int = 0    # of those, landed by admission on the virtual clock
+    finish_step: int = 0
+    ready_s: float = 0.0
+    queue_s: float | None = None       # ready -> first admission
+    ttft_s: float | None = None        # ready -> end of the step that finished the prompt
+    ttft_uncached_s: float | None = None  # the same without any cache
+    finish_s: float | None = None
+    rejected: bool = False   # needs more device pages than the device has: never run
+    finished: bool = False   # ran to its last output token
+
+
+@dataclass
+class EngineReport:
+    records: list[RequestRecord] = field(default_factory=list)
+    steps: int = 0
+    preemptions: int = 0
+    rejected: int = 0
+    verified_pages: int = 0
+    mismatched_pages: int = 0
+    virtual_s: float = 0.0
+    wall_s: float = 0.0
+
+
+@dataclass(eq=False)
+class Job:
+    """A running request: the scheduler's view, plus the executor's ``handle``."""
+
+    req: object
+    record: RequestRecord
+    prompt_len: int
+    total_len: int          # prompt + output
+    done: int = 0           # tokens computed (or resumed)
+    verified: bool = False
+    handle: object = None
+
+
+class Executor(Protocol):
+    """What the scheduler asks of a cache (see CacheExecutor and NullExecutor)."""
+
+    page_tokens: int
+    device_pages: int
+    blocking_d2h: bool
+
+    def prefetch(self, req, start_s: float) -> float: ...
+    def forget(self, req) -> None: ...
+    def drop_prefetches(self) -> list[int]: ...
+    def admit(self, job: Job, now: float, first: bool) -> int: ...
+    def verify(self, job: Job) -> bool: ...
+    def compute(self, job: Job, upto: int) -> bool: ...
+    def publish(self, job: Job, why: Boundary) -> None: ...
+    def release(self, job: Job) -> None: ...
+    def step(self) -> None: ...
+    def poll(self) -> None: ...
+    def drain(self) -> None: ...
+    def moved(self) -> tuple[int, int]: ...
+    def close(self) -> None: ...
+
+
+class NullExecutor:
+    """No cache at all: every prompt token is computed, device pages hold only running
+    requests. Its run on the same requests is the 'without the cache' baseline."""
+
+    blocking_d2h = False
+
+    def __init__(self, page_tokens: int, device_pages: int):
+        self.page_tokens = page_tokens
+        self.device_pages = device_pages
+        self.used = 0
+
+    def prefetch(self, req, start_s: float) -> float:
+        return -INF
+
+    def forget(self, req) -> None:
+        pass
+
+    def drop_prefetches(self) -> list[int]:
+        return []
+
+    def admit(self, job: Job, now: float, first: bool) -> int:
+        job.handle = 0  # pages held
+        if first:
+            job.record.recomputed_tokens = job.prompt_len
+        else:
+            job.record.readmission_recomputed_tokens += job.prompt_len
+        return 0
+
+    def verify(self, job: Job) -> bool:
+        return True
+
+    def compute(self, job: Job, upto: int) -> bool:
+        need = -(-upto // self.page_tokens) - job.handle
+        if need > 0 and self.used + need > self.device_pages:
+            return False
+        if need > 0:
+            self.used += need
+            job.handle += need
+        return True
+
+    def publish(self, job: Job, why: Boundary) -> None:
+        pass
+
+    def release(self, job: Job) -> None:
+        self.used -= job.handle
+        job.handle = 0
+
+    def step(self) -> None:
+        pass
+
+    def poll(self) -> None:
+        pass
+
+    def drain(self) -> None:
+        pass
+
+    def moved(self) -> tuple[int, int]:
+        return 0, 0
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,55 @@
+"""``hicache sweep``: one replay per host budget, and kvcache-simulator's figures exactly as
+``kvcache-simulator run`` prints them for the same trace and budget."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hicache.cli.main import main
+from hicache.engine.workloads import synthetic, write_trace
+
+ARGS = ["--config", "tiny-hybrid", "--device-gib", "0.00003", "--host-gib", "0.00002,0.00005", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    reqs = synthetic(24, 3, system_prompts=2, system_len=60, turns=(2, 5), user_len=(10, 120), output_len=(10, 80))
+    path = tmp_path_factory.mktemp("sweep") / "t.jsonl"
+    write_trace(reqs, path, block_size=16)
+    return path
+
+
+def test_sweep_matches_kvcache_simulator_run(trace, tmp_path, capsys):
+    cli = pytest.importorskip("kvcache_sim.cli")
+    plot = tmp_path / "sweep.png"
+    assert main(["sweep", *ARGS, "--trace", str(trace), "--json", "--plot", str(plot)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {"points", "ceiling", "sim_model", "sim_kv_precision", "sim_indexer_precision"} <= set(out)
+    assert plot.stat().st_size > 0 and out["skipped_records"] == 0
+    assert [p["sim_status"] for p in out["points"]] == ["measured", "measured"]
+    for p in out["points"]:
+        for key in ("device_gib", "host_gib", "hit_rate", "hit_rate_last_half", "sim_gib", "sim_blocks",
+                    "sim_lru", "sim_optimal", "ttft_p50_s", "l3_hit_tokens"):
+            assert key in p, key
+        assert p["mismatched_pages"] == 0 and p["verified_pages"] > 0
+        assert p["sim_blocks"] == (p["device_pages"] + p["host_pages"]) * 16 // 16
+    for p in out["points"]:
+        dump = tmp_path / "sim.json"
+        assert cli.main(["run", "--trace", str(trace), "--model", out["sim_model"], "--budgets-gib",
+                         repr(p["sim_gib"]), "--policies", "lru,optimal", "--format", "json",
+                         "--no-progress", "--output", str(dump)]) == 0
+        (point,) = json.loads(dump.read_text())["points"]
+        assert point["cacheBlocks"] == p["sim_blocks"]
+        assert abs(point["results"]["lru"]["hitRate"] - p["sim_lru"]) * 100 < 0.5
+        assert abs(point["results"]["optimal"]["hitRate"] - p["sim_optimal"]) * 100 < 0.5
+
+
+def test_sweep_table_workload_and_bad_budgets(capsys):
+    assert main(["sweep", *ARGS, "--workload", "synthetic", "--conversations", "6", "--no-sim"]) == 0
+    table = capsys.readouterr().out
+    assert "hicache sweep: tiny-hybrid" in table and "kvcache-simulator not run" in table
+    assert main(["sweep", *ARGS[:-3], "--host-gib", "1,x", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--host-gib" in err[0]
