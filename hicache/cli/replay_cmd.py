@@ -166,9 +166,8 @@ def load_cache_config(args: argparse.Namespace, **budgets) -> tuple[Path, CacheL
 
 def engine_config(args: argparse.Namespace, path: Path):
     """EngineConfig from the flags and the config file's ``engine:`` section."""
-    from hicache.engine.clock import clock_from_mapping
-    from hicache.engine.loop import EngineConfig
-    from hicache.layout.loaders import read_config_file
+    from hicache.engine import EngineConfig, clock_from_mapping
+    from hicache.layout import read_config_file
 
     if args.max_running < 1:
         raise ConfigError("--max-running", args.max_running, "must be >= 1")
@@ -213,14 +212,14 @@ def replay_once(layout, cfg, ecfg, work: Workload, progress, metrics_out: str | 
     """One replay of ``work`` on a fresh cache; (summary, engine report). ``metrics_out``:
     write the cache's Prometheus exposition text there at the end."""
     from hicache.cache import HiCache
-    from hicache.engine.loop import ReferenceEngine
+    from hicache.engine import ReferenceEngine
 
     cache = HiCache(layout, cfg)
     try:
         report = ReferenceEngine(cache, ecfg, progress=progress).run(work.requests)
         summary = build_summary(cache, report, work.requests, layout, ecfg)
         if metrics_out:
-            from hicache.cache.metrics import PrometheusExporter
+            from hicache.cache import PrometheusExporter
 
             PrometheusExporter(cache, labels={"model_name": layout.model or model_name, "rank": 0}).write(metrics_out)
     finally:

@@ -12,7 +12,7 @@ import numpy as np
 from hicache.cli.common import print_json
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
-from hicache.storage.url import mask_url
+from hicache.storage import mask_url
 from hicache.units import format_bytes
 
 

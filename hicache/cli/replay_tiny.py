@@ -25,7 +25,7 @@ from hicache.cli.progress import Progress
 from hicache.cli.replay_report import hit_rows
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
-from hicache.storage.url import mask_url
+from hicache.storage import mask_url
 
 DEFAULT_CONVERSATIONS = 6
 _NOT_FOR_TINY = (("config", "--config", None), ("device_gib", "--device-gib", None),

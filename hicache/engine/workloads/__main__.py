@@ -69,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    from hicache.cli.table import render_table  # plain-text table helper, no dependencies
-
-    rows = [[k, v] for k, v in out["stats"].items()]
-    rows += [[f"read.{k}", v] for k, v in out.get("trace_read", {}).items()]
-    rows += [[f"trace.{k}", v] for k, v in out.get("trace_written", {}).items()]
-    print(render_table(["field", "value"], rows, align="lr", title=f"workload {args.workload}"))
+    rows = [(k, v) for k, v in out["stats"].items()]
+    rows += [(f"read.{k}", v) for k, v in out.get("trace_read", {}).items()]
+    rows += [(f"trace.{k}", v) for k, v in out.get("trace_written", {}).items()]
+    print(f"workload {args.workload}")
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:  # a plain two-column table: this module imports nothing of the cli
+        print(f"{k.ljust(width)}  {v:,.4f}" if isinstance(v, float) else f"{k.ljust(width)}  {v}")
     return 0
 
 
