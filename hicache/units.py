@@ -70,11 +70,9 @@ def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: in
         return None
     import numpy as np  # numpy integer scalars are ints too (ids, counts from arrays)
 
-    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
-    if ok:
-        n = int(value)  # type: ignore[arg-type]
-        ok = (minimum is None or n >= minimum) and (maximum is None or n <= maximum)
-        if ok:
+    if not isinstance(value, bool) and isinstance(value, (int, np.integer)):
+        n = int(value)
+        if (minimum is None or n >= minimum) and (maximum is None or n <= maximum):
             return n
     why = reason or _describe(minimum, maximum, "an integer")
     if misuse:
@@ -87,11 +85,9 @@ def check_number(field: str, value: object, *, minimum: float | None = None, pos
     """``value`` as a finite float (``> 0`` when ``positive``, ``>= minimum`` when given)."""
     if value is None and optional:
         return None
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        x = float(value)  # type: ignore[arg-type]
-        ok = (not positive or x > 0) and (minimum is None or x >= minimum)
-        if ok:
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
+        x = float(value)
+        if (not positive or x > 0) and (minimum is None or x >= minimum):
             return x
     why = reason or ("must be a finite number" + (" > 0" if positive else "")
                      + (f" >= {minimum}" if minimum is not None else ""))
