@@ -62,7 +62,8 @@ def model_for(name: str | None) -> str:
     """``name`` when kvcache-simulator knows it, else :data:`DEFAULT_MODEL` (its byte
     accounting only turns our capacity into its GiB; the block count is exact either way)."""
     _, calculator, _, _ = modules()
-    return name if name in calculator.models_by_id(calculator.load_models_data()) else DEFAULT_MODEL
+    known = calculator.models_by_id(calculator.load_models_data())
+    return name if name is not None and name in known else DEFAULT_MODEL
 
 
 def scaled_budget_gib(capacity_blocks: int, bytes_per_block: float, simulator) -> float:
