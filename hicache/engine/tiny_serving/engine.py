@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from hicache.cache import Boundary, HiCache, Lease
+from hicache.engine import EngineRequest
 from hicache.engine.tiny_model import PagedSequenceCache, TinyV4Model, layout_for
 from hicache.engine.tiny_serving.records import TinyRecord, TinyReport
 from hicache.engine.tiny_serving.reference import Reference
@@ -75,7 +76,7 @@ class TinyEngineConfig:
 
 @dataclass
 class _Running:
-    req: object
+    req: EngineRequest
     record: TinyRecord
     lease: Lease
     seq: PagedSequenceCache
@@ -135,7 +136,7 @@ class TinyEngine:
             lease = cache.load(cache.match(prompt[:1]))
         return lease
 
-    def _admit(self, req) -> _Running | None:
+    def _admit(self, req: EngineRequest) -> _Running | None:
         """Load the request's prefix and reserve device pages for all of it (prompt and
         output: the engine knows the output length, as engines know max_new_tokens), so a
         running request never runs out of pages. None (lease released) if they do not fit."""
@@ -253,7 +254,7 @@ class TinyEngine:
         self.report.wall_s = time.perf_counter() - t0
         return self.report
 
-    def _pages(self, req) -> int:
+    def _pages(self, req: EngineRequest) -> int:
         return -(-(len(req.prompt) + len(req.output)) // self.P)
 
     def _held_pages(self, running: list[_Running]) -> int:
