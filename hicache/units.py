@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Literal, overload
 
 from hicache.errors import ConfigError, MisuseError
 
@@ -58,6 +59,14 @@ def _describe(minimum: float | None, maximum: float | None, what: str) -> str:
     return f"must be {what}" + (f" <= {maximum}" if maximum is not None else "")
 
 
+@overload
+def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: int | None = None,
+              optional: Literal[False] = False, reason: str | None = None, misuse: bool = False) -> int: ...
+@overload
+def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: int | None = None,
+              optional: bool, reason: str | None = None, misuse: bool = False) -> int | None: ...
+
+
 def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: int | None = None,
               optional: bool = False, reason: str | None = None, misuse: bool = False) -> int | None:
     """``value`` as an int in ``[minimum, maximum]`` (``None`` allowed when ``optional``).
@@ -78,6 +87,14 @@ def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: in
     if misuse:
         raise MisuseError(f"{field} {why}, got {value!r}")
     raise ConfigError(field, value, why)
+
+
+@overload
+def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
+                 optional: Literal[False] = False, reason: str | None = None, misuse: bool = False) -> float: ...
+@overload
+def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
+                 optional: bool, reason: str | None = None, misuse: bool = False) -> float | None: ...
 
 
 def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,

@@ -23,7 +23,7 @@ import torch
 from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
-from hicache.pools.tier import HOST_LAYOUTS
+from hicache.pools.tier import HOST_LAYOUTS, HostLayout
 
 GiB = 1024**3
 _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
@@ -43,7 +43,7 @@ class PoolConfig:
     device_bytes: int = 1 * GiB
     host_bytes: int | None = None
     host_ratio: float = 2.0
-    host_layout: str = "page_first"
+    host_layout: HostLayout = "page_first"
     state_share: float = 0.2
     host_reserve_bytes: int = 2 * GiB
     device_pages: int | None = None
