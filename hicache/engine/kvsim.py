@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hicache.errors import ConfigError
+from hicache.units import check_int
 
 POLICIES = ("lru", "optimal")
 DEFAULT_MODEL = "deepseek-v4-flash"
@@ -90,8 +91,7 @@ def simulate(trace_path: str | Path, capacities_tokens: Sequence[int], *, model:
     """
     kvsim, calculator, simulator, trace_mod = modules()
     for c in capacities_tokens:
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-            raise ConfigError("capacity_tokens", c, "must be a positive integer")
+        check_int("capacity_tokens", c, minimum=1, reason="must be a positive integer")
     if not Path(trace_path).is_file():
         raise ConfigError("trace", str(trace_path), "no such file")
     try:

@@ -13,6 +13,7 @@ from hicache.cache import Boundary
 from hicache.engine.clock import ClockConfig
 from hicache.engine.contents import VERIFY_MODES, VerifyMode
 from hicache.errors import ConfigError
+from hicache.units import check_int
 
 ADMISSION_POLICIES = ("reserve", "greedy")
 INF = math.inf
@@ -48,16 +49,12 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_running", "step_tokens", "chunk_tokens", "decode_stride"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, v, "must be an integer >= 1")
+            check_int(name, getattr(self, name), minimum=1)
         if self.admission not in ADMISSION_POLICIES:
             raise ConfigError("admission", self.admission, f"must be one of {list(ADMISSION_POLICIES)}")
         if self.verify not in VERIFY_MODES:
             raise ConfigError("verify", self.verify, f"must be one of {list(VERIFY_MODES)}")
-        a = self.prefetch_ahead
-        if a is not None and (isinstance(a, bool) or not isinstance(a, int) or a < 0):
-            raise ConfigError("prefetch_ahead", a, "must be an integer >= 0")
+        check_int("prefetch_ahead", self.prefetch_ahead, minimum=0, optional=True)
 
     @property
     def lookahead(self) -> int:

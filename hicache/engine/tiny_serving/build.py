@@ -20,7 +20,7 @@ from hicache.cache import HiCache
 from hicache.config import HiCacheConfig, StorageConfig, TreeConfig, WriteConfig
 from hicache.engine import workloads
 from hicache.engine.tiny_model import TinyV4Config, layout_for
-from hicache.errors import ConfigError
+from hicache.units import check_int
 from hicache.pools import PoolConfig
 
 if TYPE_CHECKING:
@@ -48,9 +48,7 @@ class TinyPools:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f.name, v, "must be an integer >= 1")
+            check_int(f.name, getattr(self, f.name), minimum=1)
 
 
 def model_salt(cfg: TinyV4Config) -> str:

@@ -43,6 +43,7 @@ from hicache.engine.tiny_model import PagedSequenceCache, TinyV4Model, layout_fo
 from hicache.engine.tiny_serving.records import TinyRecord, TinyReport
 from hicache.engine.tiny_serving.reference import Reference
 from hicache.errors import ConfigError, MisuseError
+from hicache.units import check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -67,11 +68,8 @@ class TinyEngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_running", "chunk_pages", "decode_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, v, "must be an integer >= 1")
-        if isinstance(self.step_s, bool) or not isinstance(self.step_s, (int, float)) or not self.step_s > 0:
-            raise ConfigError("step_s", self.step_s, "must be > 0")
+            check_int(name, getattr(self, name), minimum=1)
+        check_number("step_s", self.step_s)
 
 
 @dataclass

@@ -11,7 +11,7 @@ Interface of the package (everything else is internal)::
 
 Every workload is deterministic: the same arguments give the same token ids and arrival
 times in every process (seeded numpy streams and BLAKE2b, never Python's ``hash()``).
-Imports nothing of hicache but :mod:`hicache.errors`, and no torch.
+Imports nothing of hicache but :mod:`hicache.errors` and :mod:`hicache.units`, and no torch.
 """
 
 from hicache.engine.workloads.request import (ArrivalSpec, Conversation, Request, WorkloadStats,
