@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         summary, _ = replay_once(layout, cfg, ecfg, work, step)
         summaries.append(summary)
         points.append(_point(summary, args.device_gib, host))
+    assert layout is not None, "parse_budgets returns at least one budget"
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"]}
