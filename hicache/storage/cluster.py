@@ -156,8 +156,8 @@ class RedisClusterBackend:
                 nm.move_slot(err)                 # newer redis-py: patch the slot now
             else:
                 # older redis-py (no move_slot): patched at the next lookup; the installed
-                # redis-py's stubs no longer declare it
-                nm.update_moved_exception(err)  # type: ignore[attr-defined]
+                # redis-py no longer declares it (older ones do: hence unused-ignore too)
+                nm.update_moved_exception(err)  # type: ignore[attr-defined,unused-ignore]
         except KeyError:  # a slot the map did not cover: the refresh below finds its owner
             pass
         self._stale = True
