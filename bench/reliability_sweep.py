@@ -43,7 +43,7 @@ def draw(rng: random.Random, ops: int) -> list[str]:
     queue = rng.choice([1, 1, 2, 3, 4, 8, 64, 4096, int(2 ** rng.uniform(0, 12))])
     device = rng.randint(6, 24)
     args = ["--config", layout, "--ops", str(ops), "--seed", str(rng.randrange(1 << 31)),
-            "--write-policy", policy, "--host-tier", tier, "--eviction", rng.choice(["lru", "lfu"]),
+            "--write-policy", policy, "--host-tier", tier, "--eviction", rng.choice(["lru", "lfu", "value"]),
             "--max-queued-ops", str(queue), "--max-running", str(rng.randint(1, 4)),
             "--device-pages", str(device), "--host-pages", str(rng.randint(4, 48)),
             "--prefetch", str(rng.choice([0.0, 0.3, 0.6, 0.9])),

@@ -25,7 +25,7 @@ from hicache.units import parse_bytes
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_TIERS = ("inclusive", "exclusive")
-EVICTION_POLICIES = ("lru", "lfu")
+EVICTION_POLICIES = ("lru", "lfu", "value")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
 

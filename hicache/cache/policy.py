@@ -13,6 +13,8 @@ retention of the config::
     host tier                                  inclusive | exclusive (write_back only)
     victim order                               strategy (lru | lfu), dead tails first
     keep an offered snapshot?                  retention (None | 0 | every N tokens)
+    demote a write_back victim to the host?    eviction 'value': only what can still serve
+                                               a hit; lru / lfu: every victim
 
 A value-aware policy (issue 14) implements the same protocol.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from hicache.config import HiCacheConfig
-from hicache.tree import EvictionStrategy, RetentionPolicy, Snapshot, TreeNode, get_strategy
+from hicache.tree import EvictionStrategy, RetentionPolicy, Snapshot, TreeNode, Value, get_strategy
 
 
 class PlacementPolicy(Protocol):
@@ -45,6 +47,14 @@ class PlacementPolicy(Protocol):
         """A request borrows ``chain``: which of its nodes (and its resume snapshot?) to back up."""
         ...
 
+    def worth_demoting(self, node: TreeNode) -> bool:
+        """write_back: back up this device victim before it leaves the device (else drop it)?"""
+        ...
+
+    def worth_demoting_snapshot(self, node: TreeNode, snap: Snapshot) -> bool:
+        """write_back: back up this device snapshot victim (else drop it)?"""
+        ...
+
 
 class ConfiguredPolicy:
     """The policy the config names: write policy, host tier, eviction, retention."""
@@ -58,6 +68,7 @@ class ConfiguredPolicy:
         self._through = write.write_policy == "write_through"
         self._selective = write.write_policy == "write_through_selective"
         self._threshold = write.write_through_threshold
+        self._by_value = isinstance(self.strategy, Value)
 
     def backup_on_publish(self, new_nodes: Sequence[TreeNode]) -> list[TreeNode]:
         return list(new_nodes) if self._through else []
@@ -70,3 +81,16 @@ class ConfiguredPolicy:
             return [], False
         nodes = [n for n in chain if n.hit_count >= self._threshold]
         return nodes, resume is not None and chain[-1].hit_count >= self._threshold
+
+    def worth_demoting(self, node: TreeNode) -> bool:
+        # A dead tail (no child, no snapshot at its end) can never be resumed: on the host
+        # it would only take the place of pages that can.
+        if not self._by_value:
+            return True
+        snap = node.snapshot
+        return bool(node.children) or (snap is not None and not snap.empty)
+
+    def worth_demoting_snapshot(self, node: TreeNode, snap: Snapshot) -> bool:
+        # An intermediate snapshot (a deeper one on its only path) is what the value order
+        # gives up first on the device; it would be the host's first victim too.
+        return not (self._by_value and Value.intermediate(node))

@@ -183,7 +183,7 @@ class Residency:
         for node in device_victims(self._tree, self._policy.strategy):
             if freed >= need:
                 break
-            if self._policy.write_back and not node.on_host:
+            if self._policy.write_back and not node.on_host and self._policy.worth_demoting(node):
                 to_backup.append(node)
                 freed += node.num_pages
             elif self._drop_device_copy(node):
@@ -222,7 +222,7 @@ class Residency:
             elif snap.host_id is not None:
                 self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
                 snap.device_id = None
-            elif self._policy.write_back:
+            elif self._policy.write_back and self._policy.worth_demoting_snapshot(node, snap):
                 to_backup.append((node, snap))
             else:
                 self.free(Tier.DEVICE, Source.STATE, [snap.device_id])

@@ -21,7 +21,7 @@ from pathlib import Path
 from hicache.cli.common import at_least, check_output, parse_retention, positive_number, resolve_config
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
-from hicache.config import HiCacheConfig, load_config
+from hicache.config import EVICTION_POLICIES, HiCacheConfig, load_config
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
 from hicache.units import check_number
@@ -67,6 +67,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help="how long admission waits for an L3 prefetch (default: the config's)")
     p.add_argument("--write-policy", choices=["write_through", "write_through_selective", "write_back"],
                    help="when device pages are backed up to host (default: the config's)")
+    p.add_argument("--eviction", choices=list(EVICTION_POLICIES),
+                   help="victim order in every tier: lru, lfu or value (default: the config's)")
     p.add_argument("--host-tier", choices=["inclusive", "exclusive"],
                    help="keep host copies of pages loaded back to device (inclusive) or free them "
                         "(exclusive, needs --write-policy write_back); default: the config's")
@@ -126,7 +128,7 @@ def cache_overrides(args: argparse.Namespace) -> dict:
             out[flag] = v
     if args.state_share is not None:
         out["state_share"] = args.state_share
-    for flag in ("prefetch_policy", "write_policy", "host_tier"):
+    for flag in ("prefetch_policy", "write_policy", "host_tier", "eviction"):
         if getattr(args, flag):
             out[flag] = getattr(args, flag)
     if args.retention is not None:

@@ -2,7 +2,7 @@
 
     hicache stress --config PATH [--ops N] [--seed S | --seeds A-B] [--max-running N]
                    [--device-pages N] [--host-pages N] [--device-snapshots N] [--host-snapshots N]
-                   [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu]
+                   [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu|value]
                    [--retention N|none] [--max-queued-ops N] [--prefetch F] [--fault-rate F] [--json]
 
 Every knob a random sweep varies is a flag, so a failing configuration found by a sweep is

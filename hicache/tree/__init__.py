@@ -9,7 +9,7 @@ bookkeeping over ids: it never frees or copies bytes. Imports only :mod:`hicache
 (and errors).
 """
 
-from hicache.tree.eviction import (LFU, LRU, STRATEGIES, AccessStrategy, EvictionStrategy, device_victims,
+from hicache.tree.eviction import (LFU, LRU, STRATEGIES, Value, AccessStrategy, EvictionStrategy, device_victims,
                                    get_strategy, host_victims, snapshot_victims)
 from hicache.tree.insert import InsertResult
 from hicache.tree.node import (HASH_BYTES, ROOT_HASH, LoadTicket, Snapshot, TreeNode, chain_hashes, page_hash,
@@ -20,7 +20,7 @@ from hicache.tree.radix import RadixTree, Removed
 from hicache.tree.retention import Boundary, Decision, RetentionPolicy
 
 __all__ = [
-    "LFU", "LRU", "STRATEGIES", "AccessStrategy", "EvictionStrategy", "device_victims", "get_strategy",
+    "LFU", "LRU", "STRATEGIES", "Value", "AccessStrategy", "EvictionStrategy", "device_victims", "get_strategy",
     "host_victims", "snapshot_victims", "HASH_BYTES", "ROOT_HASH", "LoadTicket", "Snapshot", "TreeNode",
     "chain_hashes", "page_hash", "token_bytes", "InsertResult", "EvictionOrder", "PathMatch", "RadixTree",
     "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy",

@@ -87,7 +87,40 @@ class LFU(AccessStrategy):
         return (hit_count, last_access)
 
 
-STRATEGIES: dict[str, type] = {"lru": LRU, "lfu": LFU}
+class Value:
+    """Recency within value classes: what a victim's bytes still protect decides first.
+
+    A snapshot is *intermediate* when a deeper snapshot hangs below it on its node's only
+    path (``node.snapshots_below`` > 0, at most one child): a request that reaches it almost always goes
+    on to the deeper resume point, as a multi-turn conversation resumes at its latest
+    turn, so its bytes protect little that the deeper one does not. Intermediate snapshots
+    go before every other snapshot; a snapshot at a branch point (two or more children:
+    requests diverged there, e.g. a shared system prompt) or at the end of its path (the
+    newest turn) keeps full rank. Within a class, least recently used first. Pages rank by
+    recency (their dead tails already go first, whatever the strategy)::
+
+        snapshot  (0 if intermediate else 1, last_access)
+        page run  (1, last_access)
+
+    Both kinds share one scale, so a tier whose pages and snapshots draw on one byte budget
+    can merge the two orders.
+    """
+
+    name = "value"
+
+    def node_priority(self, node: TreeNode) -> tuple:
+        return (1, node.last_access)
+
+    @staticmethod
+    def intermediate(node: TreeNode) -> bool:
+        """A deeper snapshot hangs below ``node`` on its only path."""
+        return node.snapshots_below > 0 and len(node.children) <= 1
+
+    def snapshot_priority(self, node: TreeNode, snap: Snapshot) -> tuple:
+        return (0 if self.intermediate(node) else 1, snap.last_access)
+
+
+STRATEGIES: dict[str, type] = {"lru": LRU, "lfu": LFU, "value": Value}
 
 
 def get_strategy(name: str | EvictionStrategy) -> EvictionStrategy:

@@ -98,7 +98,7 @@ class Snapshot:
     """
 
     __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
-                 "loading", "load_ticket", "last_access", "_node", "_counted")
+                 "loading", "load_ticket", "last_access", "hits", "_node", "_counted")
     device_id: int | None
     host_id: int | None
     lock: int
@@ -108,6 +108,7 @@ class Snapshot:
     loading: bool
     load_ticket: "LoadTicket | None"
     last_access: float
+    hits: int
     _node: "TreeNode | None"
     _counted: tuple[int, int]
 
@@ -125,6 +126,7 @@ class Snapshot:
         _set(self, "loading", loading)
         _set(self, "load_ticket", None)  # the H2D copy filling the device copy, once submitted
         _set(self, "last_access", last_access)
+        _set(self, "hits", 0)       # requests that resumed from it
 
     def __setattr__(self, name: str, value: object) -> None:
         _set(self, name, value)
@@ -158,7 +160,8 @@ class TreeNode:
 
     __slots__ = ("token_bytes", "hashes", "parent", "device_ids", "host_ids", "children", "lock_device",
                  "lock_host", "backup_pending", "load_ticket", "l3_put", "pins", "l3_stored", "from_l3", "last_access",
-                 "hit_count", "snapshot", "node_id", "depth", "num_pages", "_watch", "_device_children", "_counted")
+                 "hit_count", "snapshot", "node_id", "depth", "num_pages", "_watch", "_device_children", "snapshots_below",
+                 "_counted")
     token_bytes: bytes
     hashes: list[bytes]
     parent: "TreeNode | None"
@@ -181,6 +184,7 @@ class TreeNode:
     num_pages: int
     _watch: "TreeWatch | None"
     _device_children: int
+    snapshots_below: int  # snapshots attached strictly below this node (kept by the tree's watch)
     _counted: tuple[int, int]
 
     # lock_device: running requests whose prefix covers this node
@@ -205,7 +209,8 @@ class TreeNode:
                             ("backup_pending", backup_pending), ("load_ticket", load_ticket), ("l3_put", l3_put), ("pins", pins),
                             ("l3_stored", l3_stored), ("from_l3", from_l3), ("last_access", last_access),
                             ("hit_count", hit_count), ("snapshot", None), ("node_id", node_id), ("depth", depth),
-                            ("num_pages", len(hashes)), ("_device_children", 0)):
+                            ("num_pages", len(hashes)), ("_device_children", 0),
+                            ("snapshots_below", 0)):
             _set(self, name, value)
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -220,7 +225,7 @@ class TreeNode:
             old = self.snapshot
             if old is not None and old is not value and old._node is self:
                 _set(old, "_node", None)
-                watch.snapshot_detached(old)
+                watch.snapshot_detached(old, self)
             _set(self, name, value)
             if value is not None:
                 assert isinstance(value, Snapshot)

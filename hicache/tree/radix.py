@@ -189,6 +189,7 @@ class RadixTree:
         parent.children[key] = upper
         upper.children[node.first_page_key(self.page_tokens)] = node
         _set(upper, "_device_children", int(dev is not None))
+        _set(upper, "snapshots_below", node.snapshots_below + (node.snapshot is not None))
         _set(node, "parent", upper)
         _set(upper, "_watch", self._watch)
         # Neither part changes eligibility (the upper node has a child, and a device child
@@ -216,6 +217,7 @@ class RadixTree:
         if device_ids is not None:
             _set(parent, "_device_children", parent._device_children + 1)
         self._watch.node_changed(parent)
+        self._watch.children_changed(parent)
         self._watch.node_changed(node)
         self.num_nodes += 1
         return node
@@ -235,6 +237,7 @@ class RadixTree:
         _set(node, "_watch", None)
         _set(node, "parent", None)
         self._watch.node_changed(parent)
+        self._watch.children_changed(parent)
 
     def remove_subtree(self, node: TreeNode, on_detach: Callable[[TreeNode], None] | None = None) -> Removed:
         """Take every copy under and including ``node`` and detach those nodes.

@@ -10,6 +10,12 @@ into O(log n) updates of:
   shadow nodes, unlocked snapshots with a device copy, unlocked host-only snapshots -- so
   "could eviction free k?" is answered without a scan. Each node and snapshot remembers
   what it adds to the totals (``_counted``), so a report only applies the difference.
+* each node's ``snapshots_below``: how many snapshots are attached strictly below it.
+  A snapshot with a deeper one on its only path is an *intermediate* resume point: a
+  request that can resume there can usually resume deeper. A value-aware strategy reads
+  it together with the node's fan-out (``len(children)``: a branch point); attaching or
+  detaching a snapshot walks its ancestors once, and a change of a node's children
+  refreshes the node's own snapshot entry (``children_changed``).
 """
 
 from __future__ import annotations
@@ -115,16 +121,38 @@ class TreeWatch:
         for order in self.orders.values():
             order.forget_node(node)
         if node.snapshot is not None:
-            self.snapshot_detached(node.snapshot)
+            self.snapshot_detached(node.snapshot, node)
+
+    def _cover(self, node: "TreeNode", delta: int) -> None:
+        """Add ``delta`` to ``snapshots_below`` of ``node``'s strict ancestors (and re-rank
+        their snapshots: a strategy may read it)."""
+        a = node.parent
+        while a is not None:
+            _set(a, "snapshots_below", a.snapshots_below + delta)
+            s = a.snapshot
+            if s is not None:
+                for order in self.orders.values():
+                    order.refresh_snapshot(a, s)
+            a = a.parent
+
+    def children_changed(self, node: "TreeNode") -> None:
+        """``node`` gained or lost a child: its snapshot's rank may read its fan-out."""
+        s = node.snapshot
+        if s is not None:
+            for order in self.orders.values():
+                order.refresh_snapshot(node, s)
 
     def snapshot_changed(self, node: "TreeNode", snap: "Snapshot", name: str) -> None:
+        if name == "attach":
+            self._cover(node, +1)
         self._count_snapshot(snap)
         for order in self.orders.values():
             order.refresh_snapshot(node, snap)
         if name != "last_access" and name != "attach":  # attach: the node reports itself
             self.node_changed(node)
 
-    def snapshot_detached(self, snap: "Snapshot") -> None:
+    def snapshot_detached(self, snap: "Snapshot", node: "TreeNode") -> None:
+        self._cover(node, -1)
         self._count_snapshot(snap, attached=False)
         for order in self.orders.values():
             order.forget_snapshot(snap)
@@ -144,5 +172,15 @@ class TreeWatch:
                 snaps["device" if s.device_id is not None else "host"] += 1
         assert pages == self.pages, f"evictable page totals {self.pages} != {pages}"
         assert snaps == self.snapshots, f"evictable snapshot totals {self.snapshots} != {snaps}"
+        below: dict[int, int] = {}   # id(node) -> snapshots attached strictly below it
+        for n in nodes:  # children before parents (RadixTree.nodes order is not assumed)
+            if n.snapshot is not None:
+                a = n.parent
+                while a is not None:
+                    below[id(a)] = below.get(id(a), 0) + 1
+                    a = a.parent
+        for n in nodes:
+            assert n.snapshots_below == below.get(id(n), 0), \
+                f"{n}: snapshots_below {n.snapshots_below} != {below.get(id(n), 0)}"
         for order in self.orders.values():
             order.check(nodes)

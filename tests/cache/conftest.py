@@ -48,6 +48,14 @@ def toks(*pages: int, extra: int = 0) -> np.ndarray:
     return np.concatenate([out, np.full(extra, 999, np.int32)])
 
 
+def node_of(cache, tokens):
+    """The node whose end is the last whole page of ``tokens``."""
+    path = cache._tree.walk(np.asarray(tokens, np.int32), len(tokens) // P)
+    node, used = path.segments[-1]
+    assert used == node.num_pages, "tokens end inside a node"
+    return node
+
+
 class Engine:
     """Drives one cache like a serving engine and checks every byte it reads back."""
 

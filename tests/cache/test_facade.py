@@ -8,15 +8,8 @@ import pytest
 
 from hicache.cache import Boundary
 from hicache.errors import ConfigError, MisuseError
-from tests.cache.conftest import P, Engine, make_cache, mha_layout, toks
+from tests.cache.conftest import P, Engine, make_cache, mha_layout, node_of, toks
 
-
-def node_of(cache, tokens):
-    """The node whose end is the last whole page of ``tokens``."""
-    path = cache._tree.walk(np.asarray(tokens, np.int32), len(tokens) // P)
-    node, used = path.segments[-1]
-    assert used == node.num_pages, "tokens end inside a node"
-    return node
 
 
 def test_miss_then_resume_at_snapshot(engine):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hicache.tree import LFU, LRU, RadixTree, Snapshot, device_victims, host_victims, snapshot_victims
+from hicache.tree import LFU, LRU, RadixTree, Snapshot, Value, device_victims, host_victims, snapshot_victims
 from hicache.tree.order import LazyHeap
 
 P = 2
@@ -43,7 +43,7 @@ def ref_host_eligible(n) -> bool:
 
 def ref_key(tree, strategy, n) -> tuple:
     alive = not tree.needs_snapshots or bool(n.children) or (n.snapshot is not None and not n.snapshot.empty)
-    return (alive, strategy.priority(n.last_access, n.hit_count), n.node_id)
+    return (alive, strategy.node_priority(n), n.node_id)
 
 
 def ref_device(tree, strategy) -> list[int]:
@@ -56,13 +56,24 @@ def ref_host(tree, strategy) -> list[int]:
     return [n.node_id for n in sorted(nodes, key=lambda n: ref_key(tree, strategy, n))]
 
 
+def ref_snapshot_priority(strategy, n, s) -> tuple:
+    if isinstance(strategy, Value):   # recomputed from the tree: snapshots below n, by a walk
+        below, stack = 0, list(n.children.values())
+        while stack:
+            c = stack.pop()
+            below += c.snapshot is not None
+            stack.extend(c.children.values())
+        return (0 if below and len(n.children) <= 1 else 1, s.last_access)
+    return strategy.priority(s.last_access, 0)
+
+
 def ref_snapshots(tree, strategy, tier) -> list[int]:
     def ok(s):
         if s.lock or _snap_busy(s):
             return False
         return s.device_id is not None if tier == "device" else (s.host_id is not None and s.device_id is None)
 
-    found = [(strategy.priority(s.last_access, 0), n.node_id) for n, s in tree.snapshots() if ok(s)]
+    found = [(ref_snapshot_priority(strategy, n, s), n.node_id) for n, s in tree.snapshots() if ok(s)]
     return [nid for _, nid in sorted(found)]
 
 
@@ -117,6 +128,30 @@ def test_dead_tails_go_first_then_strategy_then_node_id():
     assert [n.node_id for n in device_victims(t, LRU())] == [b.node_id, c.node_id, a.node_id]
     b.snapshot = Snapshot(device_id=2)          # now alive: back in LRU place (c 3, b 4, a 5)
     assert [n.node_id for n in device_victims(t, LRU())] == [c.node_id, b.node_id, a.node_id]
+
+
+def test_value_ranks_intermediate_snapshots_first_and_branch_points_keep_rank():
+    t = RadixTree(P, needs_snapshots=True)
+    a = t.insert(toks(1, 2), ids(10, 11)).last       # a conversation: turn 1 ends at a
+    a.snapshot = Snapshot(device_id=0, last_access=t.tick())
+    b = t.insert(toks(1, 2, 3), ids(10, 11, 12)).last    # turn 2 resumes at a and ends at b
+    b.snapshot = Snapshot(device_id=1, last_access=t.tick())
+    c = t.insert(toks(7), ids(13)).last         # another conversation, older than b
+    c.snapshot = Snapshot(device_id=2, last_access=t.tick())
+    a.snapshot.last_access = t.tick()            # recency alone would now keep a over c
+    b.snapshot.last_access = t.tick()
+    order = lambda: [n.node_id for n, _ in snapshot_victims(t, Value(), "device")]
+    assert a.snapshots_below == 1 and b.snapshots_below == 0
+    assert order() == [a.node_id, c.node_id, b.node_id]    # a is intermediate: first, though newer than c
+    d = t.insert(toks(1, 2, 9), ids(10, 11, 14)).last     # a second request diverges at a: a branch point
+    assert len(a.children) == 2
+    assert order() == [c.node_id, a.node_id, b.node_id]    # plain recency again
+    t.remove_subtree(d)
+    assert order() == [a.node_id, c.node_id, b.node_id]
+    b.snapshot = None                               # the deeper snapshot goes: a is the newest turn
+    assert a.snapshots_below == 0
+    assert order() == [c.node_id, a.node_id]
+    t.check_integrity()
 
 
 def test_busy_nodes_leave_the_order_and_come_back():
@@ -222,7 +257,7 @@ def _publish(tree, pages, new_ids):
 @given(seqs=SEQS, ops=OPS, state=st.booleans(), lfu=st.booleans())
 def test_incremental_order_matches_a_fresh_scan(seqs, ops, state, lfu):
     tree = RadixTree(P, needs_snapshots=state)
-    strategies = [LFU() if lfu else LRU(), LRU()]
+    strategies = [LFU() if lfu else LRU(), LRU(), Value()]
     next_id = [100]
     locked: list = []
 

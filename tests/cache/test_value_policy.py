@@ -1,0 +1,51 @@
+"""The value eviction strategy's admission to the host: under write_back a device victim is
+backed up only when it can still serve a hit (issue 14)."""
+
+import pytest
+
+from tests.cache.conftest import Engine, make_cache, node_of, toks
+
+
+@pytest.mark.parametrize("eviction, backed_up", [("lru", 2), ("value", 0)])
+def test_a_dead_tail_is_dropped_not_demoted_under_value(eviction, backed_up):
+    eng = Engine(make_cache(device_pages=2, host_pages=4, write_policy="write_back", eviction=eviction))
+    a = toks(1, 2, extra=1)
+    _, lease = eng.start(a)
+    eng.publish(lease, a, 2, snapshot=False)        # no snapshot: no request can resume in A
+    eng.cache.release(lease)
+    eng.run(toks(3, extra=1))                       # needs a device page: A is the victim
+    assert eng.cache.counters.backed_up_pages == backed_up
+    assert eng.cache.pools.host.num_used("page") == backed_up
+    assert eng.cache.counters.device_evicted_pages == 2 - backed_up
+    assert eng.cache.match(a).resume_tokens == 0
+    eng.cache.check_integrity()
+
+
+@pytest.mark.parametrize("eviction, host_snaps", [("lru", 1), ("value", 0)])
+def test_an_intermediate_snapshot_is_dropped_not_demoted_under_value(eviction, host_snaps):
+    eng = Engine(make_cache(device_pages=8, device_snaps=2, host_snaps=4, write_policy="write_back",
+                            eviction=eviction))
+    turn1, turn2 = toks(1, 2, extra=1), toks(1, 2, 3, 4, extra=1)
+    eng.run(turn1)                                  # snapshot at page 2
+    eng.run(turn2)                                  # resumes there, snapshot at page 4
+    assert eng.cache.match(turn2).resume_tokens == 16
+    assert eng.cache.pools.device.num_used("state") == 2
+    eng.run(toks(7, extra=1))                       # a third snapshot: the oldest (page 2) goes
+    assert eng.cache.pools.host.num_used("state") == host_snaps
+    assert eng.cache.match(turn1).resume_tokens == 8 * host_snaps
+    assert eng.cache.match(turn2).resume_tokens == 16   # the newest turn is intact either way
+    eng.cache.check_integrity()
+
+
+def test_value_keeps_the_newest_turn_of_an_older_conversation_over_an_intermediate_one():
+    eng = Engine(make_cache(device_pages=12, device_snaps=3, host_snaps=1, write_policy="write_through",
+                            eviction="value"))
+    other = toks(9, extra=1)
+    eng.run(other)                                  # conversation B: its newest (only) turn, oldest
+    eng.run(toks(1, 2, extra=1))                    # conversation A, turn 1
+    eng.run(toks(1, 2, 3, 4, extra=1))              # A, turn 2: A's turn-1 snapshot is intermediate
+    eng.run(toks(5, extra=1))                       # a new snapshot needs a device row
+    node_a1 = node_of(eng.cache, toks(1, 2))
+    assert node_a1.snapshot is None or node_a1.snapshot.device_id is None
+    assert node_of(eng.cache, toks(9)).snapshot.device_id is not None   # LRU would have taken B
+    eng.cache.check_integrity()
