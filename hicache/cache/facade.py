@@ -78,7 +78,8 @@ class HiCache:
         self.page_tokens = layout.page_tokens
         pools = build_pools(layout, self.config.pools)
         self._tree = RadixTree(layout.page_tokens, hash_seed=hash_seed, needs_snapshots=layout.has_state)
-        self._policy = policy or ConfiguredPolicy(self.config, layout.page_tokens)
+        self._policy = policy or ConfiguredPolicy(self.config, layout.page_tokens,
+                                                      needs_snapshots=layout.has_state)
         self._residency = Residency(pools, self._tree, self._policy)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)

@@ -59,7 +59,7 @@ class PlacementPolicy(Protocol):
 class ConfiguredPolicy:
     """The policy the config names: write policy, host tier, eviction, retention."""
 
-    def __init__(self, config: HiCacheConfig, page_tokens: int):
+    def __init__(self, config: HiCacheConfig, page_tokens: int, *, needs_snapshots: bool = True):
         write = config.write
         self.strategy: EvictionStrategy = get_strategy(config.tree.eviction)
         self.retention = RetentionPolicy(config.tree.retention_interval, page_tokens)
@@ -69,6 +69,7 @@ class ConfiguredPolicy:
         self._selective = write.write_policy == "write_through_selective"
         self._threshold = write.write_through_threshold
         self._by_value = isinstance(self.strategy, Value)
+        self._needs_snapshots = needs_snapshots   # hybrid layouts: a resume point needs a snapshot
 
     def backup_on_publish(self, new_nodes: Sequence[TreeNode]) -> list[TreeNode]:
         return list(new_nodes) if self._through else []
@@ -85,7 +86,7 @@ class ConfiguredPolicy:
     def worth_demoting(self, node: TreeNode) -> bool:
         # A dead tail (no child, no snapshot at its end) can never be resumed: on the host
         # it would only take the place of pages that can.
-        if not self._by_value:
+        if not (self._by_value and self._needs_snapshots):
             return True
         snap = node.snapshot
         return bool(node.children) or (snap is not None and not snap.empty)

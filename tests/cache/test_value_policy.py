@@ -3,7 +3,7 @@ backed up only when it can still serve a hit (issue 14)."""
 
 import pytest
 
-from tests.cache.conftest import Engine, make_cache, node_of, toks
+from tests.cache.conftest import Engine, make_cache, mha_layout, node_of, toks
 
 
 @pytest.mark.parametrize("eviction, backed_up", [("lru", 2), ("value", 0)])
@@ -48,4 +48,16 @@ def test_value_keeps_the_newest_turn_of_an_older_conversation_over_an_intermedia
     node_a1 = node_of(eng.cache, toks(1, 2))
     assert node_a1.snapshot is None or node_a1.snapshot.device_id is None
     assert node_of(eng.cache, toks(9)).snapshot.device_id is not None   # LRU would have taken B
+    eng.cache.check_integrity()
+
+
+def test_without_state_every_write_back_victim_is_demoted_under_value():
+    # no snapshots at all (MHA): a childless node is not a dead tail, it is the prefix itself
+    eng = Engine(make_cache(mha_layout(), device_pages=2, host_pages=4, write_policy="write_back",
+                            eviction="value"))
+    a = toks(1, 2, extra=1)
+    eng.run(a)
+    eng.run(toks(3, extra=1))                       # A is the victim: backed up, then demoted
+    assert eng.cache.counters.backed_up_pages == 2 and eng.cache.counters.device_evicted_pages == 0
+    assert eng.cache.match(a).resume_tokens == 8
     eng.cache.check_integrity()
