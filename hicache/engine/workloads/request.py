@@ -110,13 +110,19 @@ class ArrivalSpec:
             raise ConfigError("max_active", m, "must be an integer >= 1, or None for no limit")
 
 
-def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int) -> list[Request]:
+def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int, *,
+             starts: Sequence[float] | None = None) -> list[Request]:
     """Arrival times for every turn, then one request per turn sorted by arrival.
 
+    ``starts``: the conversations' start times, when the caller groups them (the agentic
+    workload starts a task's rollouts together); ``arrivals.arrival_rate`` is then unused.
     Ties sort by conversation order then turn, so turn k always precedes turn k+1.
     """
     n = len(conversations)
-    if arrivals.arrival_rate is None:
+    if starts is not None:
+        assert len(starts) == n, f"{len(starts)} start times for {n} conversations"
+        starts = np.asarray(starts, dtype=np.float64)
+    elif arrivals.arrival_rate is None:
         starts = np.zeros(n)
     else:
         gaps = stream(seed, "arrivals", "starts").exponential(1.0 / arrivals.arrival_rate, size=n)
