@@ -38,7 +38,7 @@ import numpy as np
 
 from hicache.engine.workloads._checks import Range, check_int, check_range, draw
 from hicache.engine.workloads._random import stream
-from hicache.engine.workloads.request import ArrivalSpec, Conversation, Request, schedule
+from hicache.engine.workloads.request import ArrivalSpec, Conversation, Request, poisson_starts, schedule
 from hicache.engine.workloads.tokenizer import (ASSISTANT, BOS, DEFAULT_VOCAB, EOT, FIRST_TEXT_ID,
                                                 SYSTEM, TOOL, USER)
 from hicache.errors import ConfigError
@@ -143,13 +143,7 @@ def _task(spec: AgenticSpec, seed: int, t: int, prompts: list[np.ndarray], task_
 
 def _starts(spec: AgenticSpec, seed: int, groups: list[int]) -> list[float]:
     """Start time of every rollout: tasks Poisson, a task's rollouts within the spread."""
-    n = len(groups)
-    if spec.arrival_rate is None:
-        task_starts = np.zeros(n)
-    else:
-        gaps = stream(seed, "arrivals", "starts").exponential(1.0 / spec.arrival_rate, size=n)
-        gaps[:1] = 0.0  # the first task opens the run
-        task_starts = np.cumsum(gaps)
+    task_starts = poisson_starts(len(groups), spec.arrival_rate, seed)
     out = []
     for t, g in enumerate(groups):
         spread = stream(seed, "arrivals", "spread", t).uniform(0.0, spec.rollout_spread_s, size=g)

@@ -110,6 +110,16 @@ class ArrivalSpec:
             raise ConfigError("max_active", m, "must be an integer >= 1, or None for no limit")
 
 
+def poisson_starts(n: int, rate: float | None, seed: int) -> np.ndarray:
+    """``n`` start times of a Poisson process of ``rate`` per second, the first at 0 (all
+    at 0 when ``rate`` is None); one stream per seed, whatever is being started."""
+    if rate is None:
+        return np.zeros(n)
+    gaps = stream(seed, "arrivals", "starts").exponential(1.0 / rate, size=n)
+    gaps[:1] = 0.0  # the first one opens the run
+    return np.cumsum(gaps)
+
+
 def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int, *,
              starts: Sequence[float] | None = None) -> list[Request]:
     """Arrival times for every turn, then one request per turn sorted by arrival.
@@ -122,12 +132,8 @@ def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed:
     if starts is not None:
         assert len(starts) == n, f"{len(starts)} start times for {n} conversations"
         starts = np.asarray(starts, dtype=np.float64)
-    elif arrivals.arrival_rate is None:
-        starts = np.zeros(n)
     else:
-        gaps = stream(seed, "arrivals", "starts").exponential(1.0 / arrivals.arrival_rate, size=n)
-        gaps[:1] = 0.0  # the first conversation opens the run
-        starts = np.cumsum(gaps)
+        starts = poisson_starts(n, arrivals.arrival_rate, seed)
     closing: list[float] = []  # heap of the times active conversations close
     timed: list[tuple[float, int, int]] = []
     for ci, conv in enumerate(conversations):
