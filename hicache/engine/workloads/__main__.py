@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Build a replay workload and describe it.")
     p.add_argument("workload", choices=["synthetic", "sharegpt", "trace"])
     p.add_argument("--conversations", type=int, default=100,
-                   help="conversations to draw (synthetic, sharegpt)")
+                   help="conversations to draw (synthetic, sharegpt; preset agentic: tasks)")
     p.add_argument("--seed", type=int, default=0, help="random draw (synthetic, sharegpt)")
     p.add_argument("--preset", default="chat", choices=sorted(PRESETS), help="synthetic preset")
     p.add_argument("--max-prompt-tokens", type=int, default=131_072, help="sharegpt: longest prompt kept")

@@ -104,22 +104,34 @@ class ArrivalSpec:
                   reason="must be an integer >= 1, or None for no limit")
 
 
-def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int) -> list[Request]:
+def poisson_starts(n: int, rate: float | None, seed: int) -> np.ndarray:
+    """``n`` start times of a Poisson process of ``rate`` per second, the first at 0 (all
+    at 0 when ``rate`` is None); one stream per seed, whatever is being started."""
+    if rate is None:
+        return np.zeros(n)
+    gaps = stream(seed, "arrivals", "starts").exponential(1.0 / rate, size=n)
+    gaps[:1] = 0.0  # the first one opens the run
+    return np.cumsum(gaps)
+
+
+def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int, *,
+             starts: Sequence[float] | None = None) -> list[Request]:
     """Arrival times for every turn, then one request per turn sorted by arrival.
 
+    ``starts``: the conversations' start times, when the caller groups them (the agentic
+    workload starts a task's rollouts together); ``arrivals.arrival_rate`` is then unused.
     Ties sort by conversation order then turn, so turn k always precedes turn k+1.
     """
     n = len(conversations)
-    if arrivals.arrival_rate is None:
-        starts = np.zeros(n)
+    if starts is not None:
+        assert len(starts) == n, f"{len(starts)} start times for {n} conversations"
+        start_s = np.asarray(starts, dtype=np.float64)
     else:
-        gaps = stream(seed, "arrivals", "starts").exponential(1.0 / arrivals.arrival_rate, size=n)
-        gaps[:1] = 0.0  # the first conversation opens the run
-        starts = np.cumsum(gaps)
+        start_s = poisson_starts(n, arrivals.arrival_rate, seed)
     closing: list[float] = []  # heap of the times active conversations close
     timed: list[tuple[float, int, int]] = []
     for ci, conv in enumerate(conversations):
-        start = float(starts[ci])
+        start = float(start_s[ci])
         if arrivals.max_active is not None and len(closing) >= arrivals.max_active:
             start = max(start, heapq.heappop(closing))
         # one stream per conversation: its think times do not depend on the others' turns

@@ -18,37 +18,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
+from typing import Any, TypedDict
 
 import numpy as np
 
+from hicache.engine.workloads._checks import Range, check_int as _check_int, check_range as _check_range
+from hicache.engine.workloads._checks import draw as _draw
 from hicache.engine.workloads._random import counter_tokens, stable_u64, stream
+from hicache.engine.workloads.agentic import AgenticSpec, agentic
 from hicache.engine.workloads.request import ArrivalSpec, Conversation, Request, schedule
 from hicache.engine.workloads.tokenizer import (ASSISTANT, BOS, DEFAULT_VOCAB, EOT, FIRST_TEXT_ID,
                                                 SYSTEM, USER)
 from hicache.errors import ConfigError
-from hicache.units import check_int
 
-if TYPE_CHECKING:
-    from typing import Unpack
-
-Range = tuple[int, int]
-
-
-def _check_range(name: str, value: object, minimum: int) -> Range:
-    pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else value
-    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)):
-        raise ConfigError(name, value, "must be an integer or a (low, high) pair of integers")
-    lo, hi = pair
-    if lo < minimum or hi < lo:
-        raise ConfigError(name, list(pair), f"needs {minimum} <= low <= high")
-    return (lo, hi)
-
-
-def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
-    check_int(name, value, minimum=minimum, optional=optional,
-              reason=f"must be an integer >= {minimum}" + (" or None" if optional else ""))
 
 
 @dataclass(frozen=True)
@@ -116,7 +98,7 @@ class SyntheticOverrides(TypedDict, total=False):
     max_active: int | None
 
 
-PRESETS: dict[str, SyntheticSpec] = {
+PRESETS: dict[str, SyntheticSpec | AgenticSpec] = {
     # Chat traffic: a few popular system prompts, 2-8 turns, a new conversation every 0.5 s.
     "chat": SyntheticSpec(),
     # Long chats: 6-12 turns, 30 s between turns. Other conversations' traffic pushes a
@@ -136,27 +118,27 @@ PRESETS: dict[str, SyntheticSpec] = {
         turns=(2, 2), system_prompts=1, system_len=512, user_len=(32, 256), output_len=(64, 512),
         document_len=(786_432, 1_000_000), max_prompt_tokens=1_048_576,
         arrival_rate=None, think_time_s=3600.0, max_active=None),
+    # Agent / RL-rollout traffic (hicache.engine.workloads.agentic): 3-6 agent prompts of
+    # 2K-8K tokens shared by every task; each task branches into 2-8 rollouts of 2-10 tool
+    # steps. ``conversations`` counts tasks here (about 30 requests each).
+    "agentic": AgenticSpec(),
 }
 
 
-def synthetic_spec(preset: str = "chat", *, base: SyntheticSpec | None = None,
-                   **overrides: Unpack[SyntheticOverrides]) -> SyntheticSpec:
+def synthetic_spec(preset: str = "chat", *, base: SyntheticSpec | AgenticSpec | None = None,
+                   **overrides: object) -> SyntheticSpec | AgenticSpec:
     """A preset (or ``base``) with some fields replaced; unknown presets or fields raise
-    ConfigError."""
+    ConfigError. The ``agentic`` preset is an :class:`AgenticSpec` with its own fields."""
     if base is None:
         if preset not in PRESETS:
             raise ConfigError("preset", preset, f"must be one of {sorted(PRESETS)}")
         base = PRESETS[preset]
-    known = {f.name for f in dataclasses.fields(SyntheticSpec)}
-    given: dict[str, object] = dict(overrides)  # from flags or YAML: any key may arrive
+    known = {f.name for f in dataclasses.fields(base)}
+    given: dict[str, Any] = dict(overrides)  # from flags or YAML: any key may arrive; the spec checks values
     for key, value in given.items():
         if key not in known:
             raise ConfigError(key, value, f"unknown synthetic option; expected one of {sorted(known)}")
-    return dataclasses.replace(base, **overrides)
-
-
-def _draw(rng: np.random.Generator, rng_range: Range) -> int:
-    return int(rng.integers(rng_range[0], rng_range[1] + 1))
+    return dataclasses.replace(base, **given)
 
 
 def _fixed_tokens(seed: int, what: str, index: int, n: int, vocab: int) -> np.ndarray:
@@ -194,15 +176,19 @@ def _conversation(spec: SyntheticSpec, seed: int, ci: int) -> Conversation:
 
 
 def synthetic(conversations: int = 100, seed: int = 0, *, preset: str = "chat",
-              spec: SyntheticSpec | None = None, **overrides: Unpack[SyntheticOverrides]) -> list[Request]:
+              spec: SyntheticSpec | AgenticSpec | None = None, **overrides: object) -> list[Request]:
     """``conversations`` synthetic conversations, one request per turn, sorted by arrival.
 
-    ``preset`` (``chat`` or ``long-context``) gives the defaults; keyword overrides replace
-    fields of :class:`SyntheticSpec` (``turns=(1, 4)``, ``arrival_rate=10.0``, ...), or pass
-    a whole ``spec``. The same arguments give the same requests in every process.
+    ``preset`` (a key of :data:`PRESETS`) gives the defaults; keyword overrides replace
+    fields of its spec (``turns=(1, 4)``, ``arrival_rate=10.0``, ...), or pass a whole
+    ``spec``. With ``agentic`` (an :class:`AgenticSpec`) ``conversations`` counts tasks, each
+    of several rollouts (see :mod:`hicache.engine.workloads.agentic`). The same arguments
+    give the same requests in every process.
     """
     _check_int("conversations", conversations, 1)
     _check_int("seed", seed, 0)
     spec = synthetic_spec(preset, base=spec, **overrides)
+    if isinstance(spec, AgenticSpec):
+        return agentic(conversations, seed, spec=spec)
     convs = [_conversation(spec, seed, ci) for ci in range(conversations)]
     return schedule(convs, spec.arrivals, seed)

@@ -31,10 +31,10 @@ from hicache.errors import ConfigError
 from hicache.units import check_int
 
 # Special ids live below FIRST_TEXT_ID; text pieces never map there.
-BOS, EOT, SYSTEM, USER, ASSISTANT = 0, 1, 2, 3, 4
+BOS, EOT, SYSTEM, USER, ASSISTANT, TOOL = 0, 1, 2, 3, 4, 5
 FIRST_TEXT_ID = 16
 DEFAULT_VOCAB = 129_280  # DeepSeek-V3/V4's vocabulary size
-ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT}
+ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT, "tool": TOOL}
 
 # Pieces, in order of preference: letters (any script, <= 8 per piece, optional leading
 # space), digits (<= 3), one punctuation mark (optional leading space), whitespace that is

@@ -29,6 +29,8 @@ def digest(requests) -> str:
 def digests(sharegpt_path: str, trace_path: str) -> list[str]:
     return [digest(synthetic(25, 3)),
             digest(synthetic(2, 1, preset="long-context", document_len=(20_000, 60_000))),
+            digest(synthetic(3, 4, preset="agentic", system_len=(100, 300), task_len=(10, 50),
+                             result_len=(10, 80))),
             digest(sharegpt(6, 2, path=sharegpt_path)),
             digest(load_trace(trace_path))]
 
@@ -46,7 +48,7 @@ def test_same_requests_in_other_processes(tmp_path):
         out = subprocess.run([sys.executable, "-c", code, str(sg), str(trace)], cwd=ROOT, env=env,
                              capture_output=True, text=True, check=True).stdout.split()
         assert out == here
-    assert len(set(here)) == 4
+    assert len(set(here)) == 5
 
 
 def test_trace_written_in_another_process_is_identical(tmp_path):
