@@ -1,0 +1,176 @@
+"""One byte budget per tier (``budget="shared"``): pages and snapshots compete for one arena.
+
+Layout: hybrid_layout, page objects 64 B, snapshot objects 136 B. Device arena of
+6 pages + 2 snapshots = 656 B: page ids 0..9 from byte 0, state ids 0..3 ending at byte
+656 (the first snapshot gets id 3). Two finished requests A and B of 3 pages and one
+snapshot each fill it exactly: A pages 0-2 + state 3, B pages 3-5 + state 2.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hicache.engine.stress import StressConfig, StressRunner
+from hicache.transfer import TransferConfig
+from tests.cache.conftest import Engine, hybrid_layout, make_cache, mha_layout, toks
+
+A, B, C = toks(1, 2, 3), toks(4, 5, 6), toks(7, extra=1)
+
+
+def node_of(cache, tokens):
+    return next(n for n in cache._tree.nodes() if np.array_equal(n.tokens, tokens))
+
+
+def filled(**kw):
+    eng = Engine(make_cache(device_pages=6, device_snaps=2, host_pages=12, host_snaps=4, budget="shared",
+                            retention=None, **kw))
+    eng.run(A)
+    eng.run(B)
+    cache = eng.cache
+    a, b = node_of(cache, A), node_of(cache, B)
+    assert (a.device_ids.tolist(), a.snapshot.device_id) == ([0, 1, 2], 3)
+    assert (b.device_ids.tolist(), b.snapshot.device_id) == ([3, 4, 5], 2)
+    assert cache.pools.device.middle_bytes() == 0
+    return eng, a, b
+
+
+def fresh_lease(cache):
+    return cache.load(cache.match(C))   # nothing cached for C: locks nothing
+
+
+def test_a_snapshot_evicts_a_colder_page_run():
+    eng, a, b = filled()
+    cache = eng.cache
+    b.last_access = -1.0                                  # B's pages are the coldest object
+    lease = fresh_lease(cache)
+    res = cache.alloc_snapshot(lease)
+    assert res.ok and res.ids.tolist() == [1]             # the middle B's pages left
+    assert not b.on_device and b.on_host                   # demoted (write_through backed it up)
+    assert b.snapshot.device_id == 2 and a.device_ids.tolist() == [0, 1, 2]
+    assert cache.counters.device_demoted_pages == 3 and cache.counters.snapshots_evicted_device == 0
+    cache.release(lease)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_a_page_run_evicts_a_colder_snapshot():
+    eng, a, b = filled()
+    cache = eng.cache
+    b.snapshot.last_access = -1.0                         # B's snapshot is the coldest object
+    lease = fresh_lease(cache)
+    res = cache.alloc_pages(lease, 2)
+    assert res.ok and res.ids.tolist() == [6, 7]          # where B's snapshot (id 2) was
+    assert b.snapshot.device_id is None and b.on_device   # only the snapshot's device copy went
+    assert a.device_ids.tolist() == [0, 1, 2] and a.snapshot.device_id == 3
+    cache.release(lease)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_compaction_moves_a_page_and_its_node_reads_back_its_bytes():
+    eng, a, b = filled()
+    cache = eng.cache
+    a.last_access = -1.0                                  # A's pages go; B's are then moved down
+    lease = fresh_lease(cache)
+    res = cache.alloc_snapshot(lease)
+    assert res.ok and res.ids.tolist() == [1]
+    assert not a.on_device
+    # moves (5 -> 0), (4 -> 1), (3 -> 2): B's node now holds [2, 1, 0]
+    assert b.device_ids.tolist() == [2, 1, 0] and cache.counters.compaction_moves == 3
+    assert cache.pools.device.extent("page") == 3 * 64
+    cache.release(lease)
+    cache.check_integrity()
+    m, again = eng.start(toks(4, 5, 6, extra=1))          # verifies every byte it borrows
+    assert m.resume_tokens == m.device_tokens == 12 and again.page_table == [2, 1, 0]
+    assert again.snapshot_id == 2
+    cache.release(again)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_locked_pages_never_move():
+    eng, a, b = filled()
+    cache = eng.cache
+    a.last_access = -1.0
+    m, holder = eng.start(toks(4, 5, 6, extra=1))         # B's pages and snapshot locked
+    assert m.resume_tokens == 12 and b.lock_device == 1
+    lease = fresh_lease(cache)
+    res = cache.alloc_snapshot(lease)
+    assert res.ok and res.ids.tolist() == [3]             # A's snapshot went instead
+    assert b.device_ids.tolist() == [3, 4, 5] and cache.counters.compaction_moves == 0
+    assert a.snapshot is None or a.snapshot.device_id is None
+    for lz in (lease, holder):
+        cache.release(lz)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_pages_with_a_copy_in_flight_never_move():
+    eng, a, b = filled(write_policy="write_back")
+    cache = eng.cache
+    a.last_access = -1.0
+    b.backup_pending += 1                                 # as a D2H copy reading B would
+    lease = fresh_lease(cache)
+    res = cache.alloc_snapshot(lease)
+    assert b.device_ids.tolist() == [3, 4, 5] and cache.counters.compaction_moves == 0
+    # A's pages went down with their snapshot's backup, whose L3 put now reads A's
+    # snapshot: the next victim is B's snapshot (a copy reading B's pages never stops that)
+    assert a.snapshot.put_pending and not a.on_device
+    assert res.ok and res.ids.tolist() == [2] and b.snapshot.device_id is None
+    b.backup_pending -= 1
+    cache.release(lease)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_state_cap_keeps_snapshots_under_their_share():
+    cache = make_cache(device_pages=6, device_snaps=2, host_pages=12, host_snaps=4, budget="shared",
+                       state_cap=0.25, retention=None)
+    # 656 B x 0.25 = 164 B: one snapshot
+    assert cache.pools.device.capacity("state") == 1 and cache.pools.device.capacity("page") == 10
+    eng = Engine(cache)
+    eng.run(A)
+    eng.run(B)                                            # B's snapshot evicts A's
+    assert node_of(cache, B).snapshot.device_id == 0
+    assert cache.pools.device.num_used("state") == 1
+    cache.check_integrity()
+    cache.close()
+
+
+def run(cache, **kw):
+    try:
+        rep = StressRunner(cache, StressConfig(**kw)).run()
+    finally:
+        cache.close()
+    assert rep.integrity_errors == 0, rep.first_error
+    assert rep.mismatched_pages == 0 and rep.mismatched_snapshots == 0
+    return rep
+
+
+POLICIES = [("write_through", "inclusive"), ("write_through_selective", "inclusive"),
+            ("write_back", "inclusive"), ("write_back", "exclusive")]
+
+
+@pytest.mark.parametrize("policy, tier", POLICIES)
+def test_stress_shared_budget_compacts_and_stays_whole(policy, tier):
+    rep = run(make_cache(device_pages=12, device_snaps=4, host_pages=20, host_snaps=6, write_policy=policy,
+                         host_tier=tier, retention=0, budget="shared"), ops=400, seed=1, fault_rate=0.05,
+              prefetch=0.7)
+    assert rep.verified_pages > 0 and rep.stats["compaction_moves"] > 0
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), device_pages=st.integers(6, 16), host_pages=st.integers(4, 30),
+       snaps=st.integers(1, 5), retention=st.sampled_from([None, 0, 8]), policy=st.sampled_from(POLICIES),
+       eviction=st.sampled_from(["lru", "lfu"]), running=st.integers(1, 4),
+       layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]),
+       cap=st.sampled_from([None, None, 0.5]), queue=st.sampled_from([2, 4096]))
+def test_shared_budget_random_operations(seed, device_pages, host_pages, snaps, retention, policy, eviction,
+                                         running, layout, faults, cap, queue):
+    cache = make_cache(layout(), device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
+                       host_snaps=snaps + 1, write_policy=policy[0], host_tier=policy[1], retention=retention,
+                       eviction=eviction, budget="shared", state_cap=cap,
+                       transfer=TransferConfig(max_queued_ops=queue))
+    run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)
