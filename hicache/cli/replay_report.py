@@ -97,6 +97,8 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "mismatched_pages": report.mismatched_pages,
         "l3_errors": s["l3_errors"],
         "l3_rejected": s["l3_rejected"],
+        "budget": cache.pools.plan.budget,
+        "compaction_moves": s["compaction_moves"],
         "device_bytes": cache.pools.plan.device_bytes,
         "host_bytes": cache.pools.plan.host_bytes,
         "device_pages": cache.pools.plan.device_pages,
