@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from hicache.errors import MisuseError
-from hicache.pools.anchor import AllocResult, Allocation, NoRoom, as_id_array
+from hicache.pools.anchor import AllocResult, Allocation, NoRoom, as_id_array, check_ids
 from hicache.units import check_int
 
 _SCAN = 4096  # ids scanned per numpy step when looking for holes
@@ -178,19 +178,8 @@ class ArenaSide:
 
     def check_ids(self, arr: np.ndarray, *, must_be_used: bool) -> None:
         """Raise :class:`MisuseError` for out-of-range, duplicate or wrong-state ids."""
-        if arr.size == 0:
-            return
-        bad = arr[(arr < 0) | (arr >= self.capacity)]
-        if bad.size:
-            raise MisuseError(f"{self.name}: id {int(bad[0])} out of range [0, {self.capacity})")
-        uniq, counts = np.unique(arr, return_counts=True)
-        if (counts > 1).any():
-            raise MisuseError(f"{self.name}: id {int(uniq[counts > 1][0])} given twice")
-        state = self._region.used[self.ranks(arr)]
-        wrong = arr[~state] if must_be_used else arr[state]
-        if wrong.size:
-            what = "is not allocated (double free?)" if must_be_used else "is already allocated"
-            raise MisuseError(f"{self.name}: id {int(wrong[0])} {what}")
+        check_ids(self.name, self.capacity, arr, lambda a: self._region.used[self.ranks(a)],
+                  must_be_used=must_be_used)
 
     def free(self, ids: object) -> None:
         """Return ids to the arena. Freeing an id that is not allocated raises."""

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hicache.engine.stress import StressConfig, StressRunner
 from hicache.transfer import TransferConfig
 from tests.cache.conftest import Engine, hybrid_layout, make_cache, mha_layout, toks
+from tests.cache.test_stress import POLICIES, run
 
 A, B, C = toks(1, 2, 3), toks(4, 5, 6), toks(7, extra=1)
 
@@ -137,20 +137,6 @@ def test_state_cap_keeps_snapshots_under_their_share():
     assert cache.pools.device.num_used("state") == 1
     cache.check_integrity()
     cache.close()
-
-
-def run(cache, **kw):
-    try:
-        rep = StressRunner(cache, StressConfig(**kw)).run()
-    finally:
-        cache.close()
-    assert rep.integrity_errors == 0, rep.first_error
-    assert rep.mismatched_pages == 0 and rep.mismatched_snapshots == 0
-    return rep
-
-
-POLICIES = [("write_through", "inclusive"), ("write_through_selective", "inclusive"),
-            ("write_back", "inclusive"), ("write_back", "exclusive")]
 
 
 @pytest.mark.parametrize("policy, tier", POLICIES)

@@ -9,6 +9,7 @@ from hicache.errors import MisuseError
 from hicache.layout import CacheLayout, FamilySpec
 from hicache.pools import NoRoom, TierPools
 from hicache.pools.arena import ArenaAllocator
+from tests.pools.test_tier import layout
 
 
 def ids(result) -> list[int]:
@@ -107,15 +108,6 @@ def test_num_free_after_compacting_the_other_kind():
     assert a.num_free_after("state") == 3         # pages move to 0, 1: extent 20
     assert a.num_free_after("state", 1) == 1      # only page 7 moves (to 0); page 6 keeps 70 B
     a.check_integrity()
-
-
-def layout() -> CacheLayout:
-    return CacheLayout((
-        FamilySpec("swa_kv", "state", (0, 1, 2), 1, 8, rows_kept=3),
-        FamilySpec("c4_kv", "history", (1, 2), 4, 8),
-        FamilySpec("c4_indexer", "history", (1, 2), 4, 4),
-        FamilySpec("c4_state", "state", (1, 2), 1, 16, rows_kept=4),
-    ), 16)
 
 
 def shared(nbytes: int = 1000, cap: int | None = None) -> TierPools:
