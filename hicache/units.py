@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Literal, overload
 
 from hicache.errors import ConfigError, MisuseError
 
@@ -58,6 +59,14 @@ def _describe(minimum: float | None, maximum: float | None, what: str) -> str:
     return f"must be {what}" + (f" <= {maximum}" if maximum is not None else "")
 
 
+@overload
+def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: int | None = None,
+              optional: Literal[False] = False, reason: str | None = None, misuse: bool = False) -> int: ...
+@overload
+def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: int | None = None,
+              optional: bool, reason: str | None = None, misuse: bool = False) -> int | None: ...
+
+
 def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: int | None = None,
               optional: bool = False, reason: str | None = None, misuse: bool = False) -> int | None:
     """``value`` as an int in ``[minimum, maximum]`` (``None`` allowed when ``optional``).
@@ -70,11 +79,9 @@ def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: in
         return None
     import numpy as np  # numpy integer scalars are ints too (ids, counts from arrays)
 
-    ok = not isinstance(value, bool) and isinstance(value, (int, np.integer))
-    if ok:
-        n = int(value)  # type: ignore[arg-type]
-        ok = (minimum is None or n >= minimum) and (maximum is None or n <= maximum)
-        if ok:
+    if not isinstance(value, bool) and isinstance(value, (int, np.integer)):
+        n = int(value)
+        if (minimum is None or n >= minimum) and (maximum is None or n <= maximum):
             return n
     why = reason or _describe(minimum, maximum, "an integer")
     if misuse:
@@ -82,16 +89,22 @@ def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: in
     raise ConfigError(field, value, why)
 
 
+@overload
+def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
+                 optional: Literal[False] = False, reason: str | None = None, misuse: bool = False) -> float: ...
+@overload
+def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
+                 optional: bool, reason: str | None = None, misuse: bool = False) -> float | None: ...
+
+
 def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
                  optional: bool = False, reason: str | None = None, misuse: bool = False) -> float | None:
     """``value`` as a finite float (``> 0`` when ``positive``, ``>= minimum`` when given)."""
     if value is None and optional:
         return None
-    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-    if ok:
-        x = float(value)  # type: ignore[arg-type]
-        ok = (not positive or x > 0) and (minimum is None or x >= minimum)
-        if ok:
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
+        x = float(value)
+        if (not positive or x > 0) and (minimum is None or x >= minimum):
             return x
     why = reason or ("must be a finite number" + (" > 0" if positive else "")
                      + (f" >= {minimum}" if minimum is not None else ""))

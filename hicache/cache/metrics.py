@@ -205,12 +205,13 @@ class PrometheusExporter:
         """Expose the registry over HTTP on ``addr:port`` (a daemon thread; :meth:`close` stops it)."""
         import prometheus_client as prom
 
-        self._server = prom.start_http_server(port, addr=addr, registry=self.registry)
+        # (server, thread) from prometheus-client >= 0.20, None before: kept as an object
+        self._server: object = prom.start_http_server(port, addr=addr, registry=self.registry)
 
     def close(self) -> None:
         """Stop the HTTP server :meth:`serve` started (prometheus-client >= 0.20 returns it)."""
         server = getattr(self, "_server", None)
-        self._server = None  # type: ignore[assignment]  # closed: nothing to stop again
+        self._server = None  # closed: nothing to stop again
         if isinstance(server, tuple) and hasattr(server[0], "shutdown"):
             server[0].shutdown()
             server[0].server_close()

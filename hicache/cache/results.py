@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hicache.pools import Tier
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class SnapshotOutcome(str, Enum):
@@ -175,10 +179,10 @@ class CacheStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
-    def gather(cls, *parts: object) -> "CacheStats":
+    def gather(cls, *parts: DataclassInstance) -> "CacheStats":
         """One view of the counters each part keeps (their fields are disjoint)."""
         values: dict[str, int] = {}
         for part in parts:
-            for f in fields(part):  # type: ignore[arg-type]
+            for f in fields(part):
                 values[f.name] = getattr(part, f.name)
         return cls(**values)

@@ -38,7 +38,7 @@ leave an allocation short after colder objects were evicted.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 
 BackupPages = Callable[[Sequence[TreeNode]], None]
 BackupSnapshots = Callable[[Sequence[tuple[TreeNode, Snapshot]]], None]
+T = TypeVar("T")
 _OTHER = {Source.PAGE: Source.STATE, Source.STATE: Source.PAGE}
 
 
@@ -118,11 +119,8 @@ class Room:
             heap = order.device
         else:
             pages, heap = host_victims(tree, strategy), order.host
-        node = next(pages, None)
-        pages.close()
-        snaps = snapshot_victims(tree, strategy, tier.value)
-        snap = next(snaps, None)
-        snaps.close()
+        node = _first(pages)
+        snap = _first(snapshot_victims(tree, strategy, tier.value))
         if node is None or snap is None:
             return node if snap is None else snap
         pkey = heap.key(node)
@@ -147,7 +145,9 @@ class Room:
         """Move ``source``'s frontier objects into its lowest holes until its extent is at
         most ``target`` or the next one cannot move; True if anything moved."""
         pools = self._pools(tier)
-        if pools.extent(source.value) <= target or not pools.arena.region(source.value).holes:
+        arena = pools.arena
+        assert arena is not None, "compaction is for shared arenas"
+        if pools.extent(source.value) <= target or not arena.region(source.value).holes:
             return False
         moves = pools.compaction_moves(source.value)
         if not moves:
@@ -188,10 +188,23 @@ class Room:
                     out.update({int(i): (node, pos) for pos, i in enumerate(np.asarray(ids).tolist())})
             else:
                 s = node.snapshot
-                row = None if s is None else (s.device_id if device else s.host_id)
+                if s is None:
+                    continue
+                row = s.device_id if device else s.host_id
                 if row is not None and not (s.lock or s.busy):
                     out[row] = s
         return out
+
+
+def _first(items: Iterator[T]) -> T | None:
+    """The first of ``items`` (None when empty), closing the iteration: an eviction order's
+    iterator holds heap entries until it is closed."""
+    try:
+        return next(items, None)
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
 
 
 def _node_still(node: TreeNode) -> bool:

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import numpy as np
 import psutil
@@ -60,7 +60,10 @@ def _progress(msg: str) -> None:
     print(f"[bench storage] {msg}", file=sys.stderr, flush=True)
 
 
-def _timed(fn: Callable[[], object]) -> tuple[float, object]:
+T = TypeVar("T")
+
+
+def _timed(fn: Callable[[], T]) -> tuple[float, T]:
     t = time.perf_counter()
     r = fn()
     return time.perf_counter() - t, r
@@ -139,8 +142,8 @@ def run(args: argparse.Namespace) -> int:
         "limit_put_gbps": med["limit_put"], "limit_get_gbps": med["limit_get"],
         "redis_py_get_gbps": med["redis_py_get"],
         "lookup_us": med["lookup_us"], "redis_py_lookup_us": med["redis_py_lookup_us"],
-        "put_ratio": med["put"] / med["limit_put"] if med["limit_put"] else None,
-        "get_ratio": med["get"] / med["limit_get"] if med["limit_get"] else None,
+        "put_ratio": _ratio(med["put"], med["limit_put"]),
+        "get_ratio": _ratio(med["get"], med["limit_get"]),
         "verified": verified,
         "limit_source": limit.name if limit else None,
         "samples": rows,
@@ -166,6 +169,11 @@ def run(args: argparse.Namespace) -> int:
     return 0 if verified else 1
 
 
+def _ratio(ours: float | None, limit: float | None) -> float | None:
+    """``ours / limit``, None when either was not measured (or the limit is 0)."""
+    return ours / limit if ours is not None and limit else None
+
+
 def _check_stored(stored: list[bool], store: L3Store, url: str) -> None:
     if all(stored):
         return
@@ -186,6 +194,12 @@ class _Limit:
         pass
 
 
+def _copy_rows(dst: np.ndarray, src: np.ndarray) -> None:
+    """One ``np.copyto`` per object, as a store copies them."""
+    for i in range(len(src)):
+        np.copyto(dst[i], src[i])
+
+
 class _Memcpy(_Limit):
     name = "numpy memcpy"
 
@@ -195,8 +209,8 @@ class _Memcpy(_Limit):
 
     def measure(self) -> tuple[float, float]:
         nbytes = self.src.nbytes
-        t, _ = _timed(lambda: [np.copyto(self.tmp[i], self.src[i]) for i in range(len(self.src))])
-        t2, _ = _timed(lambda: [np.copyto(self.dst[i], self.tmp[i]) for i in range(len(self.src))])
+        t, _ = _timed(lambda: _copy_rows(self.tmp, self.src))
+        t2, _ = _timed(lambda: _copy_rows(self.dst, self.tmp))
         return nbytes / t / GB, nbytes / t2 / GB
 
 
@@ -326,8 +340,11 @@ class _RedisPyBaseline:
         except ImportError:
             _progress("redis-py not installed: no redis-py baseline")
             return None
-        backend = store.backend
+        # A Redis backend (the caller checked the scheme): storage does not export its classes,
+        # which need redis-py, so their connection details are read by name.
+        backend: Any = store.backend
         keys = [store.key(h, "page") for h in hashes]
+        client: redis.Redis | redis.cluster.RedisCluster
         if backend.kind == "redis-cluster":
             ep, o = backend.seeds[0], backend.opts
             client = redis.cluster.RedisCluster(host=ep.host, port=ep.port, username=o.username,

@@ -18,17 +18,19 @@ import argparse
 import sys
 import time
 from dataclasses import replace
+from functools import partial
+from typing import Callable
 
 import numpy as np
 import psutil
 import torch
 
-from hicache.cli.common import print_json, resolve_config
+from hicache.cli.common import at_least, print_json, resolve_config
 from hicache.cli.table import render_table
 from hicache.config import load_config
 from hicache.errors import ConfigError
 from hicache.pools import PoolPlan, TieredPools, TierPools, resolve_device
-from hicache.transfer import TransferConfig, TransferController, native, native_status
+from hicache.transfer import CopyHandle, QueueFull, TransferConfig, TransferController, native, native_status
 from hicache.units import format_bytes
 
 GiB = 1024**3
@@ -102,8 +104,8 @@ class _Check:
     def __init__(self, dst: TierPools, ids: dict[str, np.ndarray]):
         self.dst, self.kept = dst, {}
         for fam in dst.layout.families:
-            cap = dst.capacity(fam.index_source)
-            others = np.setdiff1d(np.arange(cap), ids[fam.index_source])
+            cap = dst.capacity(fam.source)
+            others = np.setdiff1d(np.arange(cap), ids[fam.source])
             self.kept[fam.name] = (torch.from_numpy(others), dst.view(fam.name)[:, torch.from_numpy(others)
                                    .to(dst.device)].cpu())
 
@@ -111,8 +113,8 @@ class _Check:
     def agree(dev: TierPools, host: TierPools, dev_ids: dict, host_ids: dict) -> bool:
         ok = True
         for fam in dev.layout.families:
-            d = torch.from_numpy(dev_ids[fam.index_source]).to(dev.device)
-            h = torch.from_numpy(host_ids[fam.index_source])
+            d = torch.from_numpy(dev_ids[fam.source]).to(dev.device)
+            h = torch.from_numpy(host_ids[fam.source])
             dv, hv = dev.view(fam.name), host.view(fam.name)
             for l in range(dv.shape[0]):
                 ok &= torch.equal(dv[l, d].cpu(), hv[l, h])
@@ -121,8 +123,8 @@ class _Check:
     def verify(self, src: TierPools, src_ids: dict, dst_ids: dict) -> bool:
         ok = True
         for fam in self.dst.layout.families:
-            s = torch.from_numpy(src_ids[fam.index_source])
-            d = torch.from_numpy(dst_ids[fam.index_source])
+            s = torch.from_numpy(src_ids[fam.source])
+            d = torch.from_numpy(dst_ids[fam.source])
             sv, dv = src.view(fam.name), self.dst.view(fam.name)
             for l in range(sv.shape[0]):
                 ok &= torch.equal(sv[l, s.to(sv.device)].cpu(), dv[l, d.to(dv.device)].cpu())
@@ -131,15 +133,17 @@ class _Check:
         return bool(ok)
 
 
-def _memcpy_candidates(device: torch.device, flat_dev: torch.Tensor, flat_host: torch.Tensor) -> dict:
+def _memcpy_candidates(device: torch.device, flat_dev: torch.Tensor,
+                       flat_host: torch.Tensor) -> dict[str, dict[str, Callable[[], object]]]:
     """Contiguous copies of the same bytes; the fastest one is the limit we compare with.
 
     On CPU: torch ``copy_`` (its own threads) and the native library copying the buffer as
     a few large pieces with streaming stores (the best plain copy this machine has). On
     CUDA: a pinned ``cudaMemcpyAsync`` through ``copy_``.
     """
-    out = {"d2h": {"torch_copy": lambda: flat_host.copy_(flat_dev, non_blocking=True)},
-           "h2d": {"torch_copy": lambda: flat_dev.copy_(flat_host, non_blocking=True)}}
+    out: dict[str, dict[str, Callable[[], object]]] = {
+        "d2h": {"torch_copy": lambda: flat_host.copy_(flat_dev, non_blocking=True)},
+        "h2d": {"torch_copy": lambda: flat_dev.copy_(flat_host, non_blocking=True)}}
     if device.type == "cpu" and native.load() is not None:
         n = flat_dev.numel()
         parts = 64
@@ -148,8 +152,7 @@ def _memcpy_candidates(device: torch.device, flat_dev: torch.Tensor, flat_host: 
         threads = torch.get_num_threads()
         for direction, (a, b) in (("d2h", (flat_dev, flat_host)), ("h2d", (flat_host, flat_dev))):
             src, dst = a.data_ptr() + cuts[:-1], b.data_ptr() + cuts[:-1]
-            out[direction]["native_stream"] = (
-                lambda s=src, d=dst: native.copy_pieces(s, d, lens, threads, stream=True))
+            out[direction]["native_stream"] = partial(native.copy_pieces, src, dst, lens, threads, stream=True)
     return out
 
 
@@ -174,7 +177,7 @@ def _naive_loop(src: TierPools, dst: TierPools, src_ids: dict, dst_ids: dict, no
         sv, dv = src.view(fam.name), dst.view(fam.name)
         if sv.shape[2] == 0:
             continue
-        for s, d in zip(src_ids[fam.index_source].tolist(), dst_ids[fam.index_source].tolist()):
+        for s, d in zip(src_ids[fam.source].tolist(), dst_ids[fam.source].tolist()):
             for l in range(sv.shape[0]):
                 dv[l, d].copy_(sv[l, s], non_blocking=non_blocking)
 
@@ -184,14 +187,11 @@ def run(args: argparse.Namespace) -> int:
     pcfg = cfg.pools
     device = resolve_device(args.device or pcfg.device)
     host_layout = args.host_layout or pcfg.host_layout
-    if isinstance(args.pages, bool) or args.pages < 1:
-        raise ConfigError("--pages", args.pages, "must be >= 1")
-    if args.reps < 1:
-        raise ConfigError("--reps", args.reps, "must be >= 1")
+    at_least("--pages", args.pages, 1)
+    at_least("--reps", args.reps, 1)
     has_state = layout.object_bytes("state") > 0
     snaps = args.snapshots if args.snapshots is not None else (max(1, args.pages // 16) if has_state else 0)
-    if snaps < 0:
-        raise ConfigError("--snapshots", snaps, "must be >= 0")
+    at_least("--snapshots", snaps, 0)
     tcfg = TransferConfig(backend=args.backend)  # validates the backend name
     # Room to scatter into: 25% more rows than are copied.
     cap_p, cap_s = args.pages + max(1, args.pages // 4), snaps + max(1, snaps // 4)
@@ -232,7 +232,12 @@ def run(args: argparse.Namespace) -> int:
 
     def batched(direction: str, c: TransferController = ctl) -> None:
         _, _, src, dst = tiers[direction]
-        handles = [c.copy(direction, s, src[s], dst[s]) for s in ("page", "state") if src[s].size]
+        handles: list[CopyHandle] = []
+        for s in ("page", "state"):
+            if src[s].size:
+                h = c.copy(direction, s, src[s], dst[s])
+                assert not isinstance(h, QueueFull), f"one batch at a time never fills the queue: {h}"
+                handles.append(h)
         c.step()
         assert all(h.wait() for h in handles), [h.error for h in handles]
         assert all(a.ok for a in c.poll())
@@ -277,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     methods = {}
     for direction in ("d2h", "h2d"):
         cands = {k.split(":", 1)[1]: v for k, v in best.items() if k.startswith(f"memcpy_{direction}:")}
-        methods[direction] = min(cands, key=cands.get)
+        methods[direction] = min(cands, key=cands.__getitem__)
         result[f"memcpy_{direction}_gbps"] = total / cands[methods[direction]] / 1e9
         result[f"{direction}_gbps"] = total / best[direction] / 1e9
         result[f"naive_{direction}_gbps"] = total / best[f"naive_{direction}"] / 1e9

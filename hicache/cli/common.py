@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hicache.errors import ConfigError
+from hicache.units import check_int, check_number
 
 # configs/ of a source checkout (editable installs), found relative to the package.
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -28,16 +29,13 @@ def resolve_config(name: str) -> Path:
 
 def positive_number(flag: str, value: float | None) -> float | None:
     """A flag that must be a finite number > 0 (``inf`` and ``nan`` are refused); None passes."""
-    if value is not None and not 0 < value < math.inf:
-        raise ConfigError(flag, value, "must be a finite number > 0")
+    check_number(flag, value, optional=True)
     return value
 
 
 def at_least(flag: str, value: int | None, minimum: int) -> int | None:
     """An integer flag with a lower bound; None passes."""
-    if value is not None and value < minimum:
-        raise ConfigError(flag, value, f"must be >= {minimum}")
-    return value
+    return check_int(flag, value, minimum=minimum, optional=True, reason=f"must be >= {minimum}")
 
 
 def parse_retention(flag: str, text: str) -> int | None:
@@ -48,9 +46,7 @@ def parse_retention(flag: str, text: str) -> int | None:
         value = int(text)
     except ValueError:
         raise ConfigError(flag, text, "must be a token count or 'none'") from None
-    if value < 0:
-        raise ConfigError(flag, value, "must be a token count >= 0 or 'none'")
-    return value
+    return check_int(flag, value, minimum=0, reason="must be a token count >= 0 or 'none'")
 
 
 def check_output(flag: str, path: str | None) -> None:

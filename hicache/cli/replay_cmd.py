@@ -18,12 +18,13 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from hicache.cli.common import check_output, parse_retention, positive_number, resolve_config
+from hicache.cli.common import at_least, check_output, parse_retention, positive_number, resolve_config
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
 from hicache.config import HiCacheConfig, load_config
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
+from hicache.units import check_number
 
 GiB = 1024**3
 DEFAULT_CONFIG = "deepseek-v4-flash"
@@ -124,10 +125,8 @@ def cache_overrides(args: argparse.Namespace) -> dict:
     if args.storage is not None:
         out["storage_url"] = args.storage  # "" too: StorageConfig refuses it rather than ignoring it
     for flag in ("device_pages", "host_pages", "device_snapshots", "host_snapshots"):
-        v = getattr(args, flag)
+        v = at_least(f"--{flag.replace('_', '-')}", getattr(args, flag), 1 if flag.endswith("pages") else 0)
         if v is not None:
-            if v < 0 or (v < 1 and flag.endswith("pages")):
-                raise ConfigError(f"--{flag.replace('_', '-')}", v, "must be >= 1" if flag.endswith("pages") else "must be >= 0")
             out[flag] = v
     if args.state_share is not None:
         out["state_share"] = args.state_share
@@ -140,7 +139,7 @@ def cache_overrides(args: argparse.Namespace) -> dict:
 
 
 def gib_bytes(flag: str, value: float) -> int:
-    return max(1, int(positive_number(flag, value) * GiB))
+    return max(1, int(check_number(flag, value) * GiB))
 
 
 def budget_overrides(args: argparse.Namespace, device_gib: float | None, host_gib: float | None) -> dict:
@@ -148,7 +147,7 @@ def budget_overrides(args: argparse.Namespace, device_gib: float | None, host_gi
     main = MAIN_BUDGETS if args.config is None else {}
     device_gib = device_gib if device_gib is not None else main.get("device_gib")
     host_gib = host_gib if host_gib is not None else main.get("host_gib")
-    out = {"device_bytes": gib_bytes("--device-gib", device_gib) if device_gib is not None else None,
+    out: dict[str, float | None] = {"device_bytes": gib_bytes("--device-gib", device_gib) if device_gib is not None else None,
            "host_bytes": gib_bytes("--host-gib", host_gib) if host_gib is not None else None}
     if args.state_share is None and "state_share" in main and args.budget != "shared":
         out["state_share"] = main["state_share"]   # the main job's split (a shared arena has no cap)
@@ -173,8 +172,7 @@ def engine_config(args: argparse.Namespace, path: Path):
     from hicache.engine import EngineConfig, clock_from_mapping
     from hicache.layout import read_config_file
 
-    if args.max_running < 1:
-        raise ConfigError("--max-running", args.max_running, "must be >= 1")
+    at_least("--max-running", args.max_running, 1)
     flags = {}
     for flag, key, scale in CLOCK_FLAGS:
         v = getattr(args, flag)
@@ -197,8 +195,7 @@ def load_requests(args: argparse.Namespace) -> Workload:
     from hicache.engine import workloads
 
     n = args.conversations if args.conversations is not None else DEFAULT_CONVERSATIONS
-    if n < 1:
-        raise ConfigError("--conversations", n, "must be >= 1")
+    at_least("--conversations", n, 1)
     if args.trace:
         loaded = workloads.read_trace(args.trace)
         return Workload(loaded.requests, loaded.info(), Path(args.trace).name)

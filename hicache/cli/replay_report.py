@@ -215,7 +215,8 @@ def write_plot(path: str, report, window: int = 50) -> None:
     except ImportError:
         raise ConfigError("--plot", path, "needs matplotlib: pip install 'hicache[plot]'") from None
     recs = report.records
-    xs, series = [], {"device": [], "host": [], "L3": []}
+    xs: list[int] = []
+    series: dict[str, list[float]] = {"device": [], "host": [], "L3": []}
     for i in range(len(recs)):
         win = recs[max(0, i - window + 1): i + 1]
         pt = sum(r.prompt_tokens for r in win) or 1

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from hicache.cli.common import parse_retention
+from hicache.cli.common import at_least, parse_retention
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import hit_rows
 from hicache.cli.table import render_table
@@ -44,10 +44,8 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int | None]:
             raise ConfigError(flag, value, "does not apply to --model tiny (its layout, pools and "
                                            "workload come from the tiny model's config)")
     n = args.conversations if args.conversations is not None else DEFAULT_CONVERSATIONS
-    if n < 1:
-        raise ConfigError("--conversations", n, "must be >= 1")
-    if args.max_running < 1:
-        raise ConfigError("--max-running", args.max_running, "must be >= 1")
+    at_least("--conversations", n, 1)
+    at_least("--max-running", args.max_running, 1)
     retention = None if args.retention is None else parse_retention("--retention", args.retention)
     return n, retention
 

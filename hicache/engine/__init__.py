@@ -3,9 +3,9 @@
 Interface:
 
 * :class:`ReferenceEngine` / :class:`EngineConfig` / :class:`EngineReport` /
-  :class:`RequestRecord`: the serving loop ``hicache replay`` runs (continuous batching,
-  chunked prefill, mid-flight publish, L3 prefetch, a virtual clock: :class:`ClockConfig`,
-  :func:`clock_from_mapping`).
+  :class:`RequestRecord` / :class:`EngineRequest` (what it reads of a request): the serving
+  loop ``hicache replay`` runs (continuous batching, chunked prefill, mid-flight publish, L3
+  prefetch, a virtual clock: :class:`ClockConfig`, :func:`clock_from_mapping`).
 * :class:`StressRunner` / :class:`StressConfig` / :class:`StressReport`: random traffic with
   byte checks (``hicache stress``).
 * :mod:`contents` (synthetic page bytes and their checks), :mod:`kvsim` (kvcache-simulator's
@@ -18,9 +18,11 @@ Subpackages: :mod:`hicache.engine.workloads`, :mod:`hicache.engine.tiny_model`,
 from hicache.engine import contents, kvsim
 from hicache.engine.clock import ClockConfig, clock_from_mapping
 from hicache.engine.loop import ReferenceEngine
-from hicache.engine.records import ADMISSION_POLICIES, EngineConfig, EngineReport, RequestRecord
+from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, EngineRequest,
+                                    RequestRecord)
 from hicache.engine.stress import StressConfig, StressReport, StressRunner
 
-__all__ = ["ReferenceEngine", "EngineConfig", "EngineReport", "RequestRecord", "ADMISSION_POLICIES",
+__all__ = ["ReferenceEngine", "EngineConfig", "EngineReport", "EngineRequest", "RequestRecord",
+           "ADMISSION_POLICIES",
            "ClockConfig", "clock_from_mapping", "StressConfig", "StressReport", "StressRunner",
            "contents", "kvsim"]

@@ -19,11 +19,11 @@ usable as they land.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from hicache.errors import ConfigError
+from hicache.units import check_number
 
 GB = 1e9
 
@@ -47,10 +47,8 @@ class ClockConfig:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            v = getattr(self, f.name)
-            low_ok = v >= 0 if f.name == "l3_rtt_s" else v > 0
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not low_ok:
-                raise ConfigError(f.name, v, "must be a finite number " + (">= 0" if f.name == "l3_rtt_s" else "> 0"))
+            rtt = f.name == "l3_rtt_s"  # a round trip may be free; a rate may not
+            check_number(f.name, getattr(self, f.name), positive=not rtt, minimum=0 if rtt else None)
 
     # -- costs --------------------------------------------------------------------------
     def step_s(self, prefill_tokens: int, decode_iterations: int, h2d_bytes: int = 0,

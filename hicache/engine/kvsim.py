@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hicache.errors import ConfigError
+from hicache.units import check_int
 
 POLICIES = ("lru", "optimal")
 DEFAULT_MODEL = "deepseek-v4-flash"
@@ -72,7 +73,8 @@ def model_for(name: str | None) -> str:
     """``name`` when kvcache-simulator knows it, else :data:`DEFAULT_MODEL` (its byte
     accounting only turns our capacity into its GiB; the block count is exact either way)."""
     _, calculator, _, _ = modules()
-    return name if name in calculator.models_by_id(calculator.load_models_data()) else DEFAULT_MODEL
+    known = calculator.models_by_id(calculator.load_models_data())
+    return name if name is not None and name in known else DEFAULT_MODEL
 
 
 def shared_capacity_tokens(budget_bytes: int, page_bytes: int, snapshot_bytes: int, page_tokens: int,
@@ -110,8 +112,7 @@ def simulate(trace_path: str | Path, capacities_tokens: Sequence[int], *, model:
     """
     kvsim, calculator, simulator, trace_mod = modules()
     for c in capacities_tokens:
-        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-            raise ConfigError("capacity_tokens", c, "must be a positive integer")
+        check_int("capacity_tokens", c, minimum=1, reason="must be a positive integer")
     if not Path(trace_path).is_file():
         raise ConfigError("trace", str(trace_path), "no such file")
     try:

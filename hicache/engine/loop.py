@@ -28,11 +28,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hicache.cache import Boundary, HiCache, Lease
+from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.engine import contents
 from hicache.engine.clock import ClockConfig
-from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, Job, NullExecutor,
-                                    RequestRecord)
+from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, EngineRequest, Job,
+                                    NullExecutor, RequestRecord)
 from hicache.engine.scheduler import Scheduler
 
 __all__ = ["ADMISSION_POLICIES", "CacheExecutor", "EngineConfig", "EngineReport", "ReferenceEngine",
@@ -48,9 +48,16 @@ class _Held:
     hashes: list[bytes]
 
 
+def _held(job: Job) -> _Held:
+    """``job``'s hold on the cache (set by :meth:`CacheExecutor.admit`)."""
+    held = job.handle
+    assert isinstance(held, _Held), f"request {job.req.request_id} was not admitted by a CacheExecutor"
+    return held
+
+
 @dataclass(eq=False)
 class _Prefetch:
-    pf: object | None       # the facade's Prefetch, None when there was nothing to fetch
+    pf: Prefetch | None     # the facade's Prefetch, None when there was nothing to fetch
     start_s: float
     pages: int = 0
     page_bytes: int = 0
@@ -75,7 +82,7 @@ class CacheExecutor:
         self._prefetches: dict[int, _Prefetch] = {}
 
     # -- L3 prefetch on the clock -------------------------------------------------------
-    def prefetch(self, req, start_s: float) -> float:
+    def prefetch(self, req: EngineRequest, start_s: float) -> float:
         """Start ``req``'s L3 prefetch as of ``start_s``; returns when the prefetch policy
         lets it be admitted (best_effort: any time; wait_complete: when the whole fetch has
         landed; timeout: that, or ``prefetch_timeout_s`` after the start)."""
@@ -97,7 +104,7 @@ class CacheExecutor:
             return min(land, start_s + self.timeout_s)
         return start_s
 
-    def forget(self, req) -> None:
+    def forget(self, req: EngineRequest) -> None:
         self.forget_id(req.request_id)
 
     def drop_prefetches(self) -> list[int]:
@@ -149,7 +156,7 @@ class CacheExecutor:
 
     def verify(self, job: Job) -> bool:
         """Wait for the request's loads and check its borrowed pages; False if a load failed."""
-        held: _Held = job.handle
+        held = _held(job)
         if not held.lease.wait():
             return False
         good, bad, sgood, sbad = contents.verify_prefix(self.cache, held.lease, held.hashes, self.mode)
@@ -158,17 +165,17 @@ class CacheExecutor:
         return True
 
     def compute(self, job: Job, upto: int) -> bool:
-        held: _Held = job.handle
+        held = _held(job)
         return contents.compute(self.cache, held.lease, held.hashes, job.done, upto, self.mode)
 
     def publish(self, job: Job, why: Boundary) -> None:
-        held: _Held = job.handle
+        held = _held(job)
         if why is Boundary.PREFILL and job.done // self.page_tokens <= held.lease.published_pages:
             return
         contents.publish(self.cache, held.lease, held.tokens, job.done, held.hashes, why, self.mode)
 
     def release(self, job: Job) -> None:
-        self.cache.release(job.handle.lease)
+        self.cache.release(_held(job).lease)
 
     # -- the cache's own pace -----------------------------------------------------------
     def step(self) -> None:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, Sequence
+
+import numpy as np
 
 from hicache.cache import Boundary
 from hicache.engine.clock import ClockConfig
 from hicache.engine.contents import VERIFY_MODES, VerifyMode
 from hicache.errors import ConfigError
+from hicache.units import check_int
 
 ADMISSION_POLICIES = ("reserve", "greedy")
 INF = math.inf
@@ -46,20 +49,34 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_running", "step_tokens", "chunk_tokens", "decode_stride"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, v, "must be an integer >= 1")
+            check_int(name, getattr(self, name), minimum=1)
         if self.admission not in ADMISSION_POLICIES:
             raise ConfigError("admission", self.admission, f"must be one of {list(ADMISSION_POLICIES)}")
         if self.verify not in VERIFY_MODES:
             raise ConfigError("verify", self.verify, f"must be one of {list(VERIFY_MODES)}")
-        a = self.prefetch_ahead
-        if a is not None and (isinstance(a, bool) or not isinstance(a, int) or a < 0):
-            raise ConfigError("prefetch_ahead", a, "must be an integer >= 0")
+        check_int("prefetch_ahead", self.prefetch_ahead, minimum=0, optional=True)
 
     @property
     def lookahead(self) -> int:
         return self.max_running if self.prefetch_ahead is None else self.prefetch_ahead
+
+
+class EngineRequest(Protocol):
+    """What the engines read of a request: :class:`hicache.engine.workloads.Request` is
+    one, and so is any object with these attributes (tests build their own)."""
+
+    @property
+    def request_id(self) -> int: ...
+    @property
+    def conversation_id(self) -> object: ...   # its str() names the conversation
+    @property
+    def turn(self) -> int: ...
+    @property
+    def arrival_s(self) -> float: ...
+    @property
+    def prompt(self) -> np.ndarray | Sequence[int]: ...
+    @property
+    def output(self) -> np.ndarray | Sequence[int]: ...
 
 
 @dataclass
@@ -107,9 +124,10 @@ class EngineReport:
 
 @dataclass(eq=False)
 class Job:
-    """A running request: the scheduler's view, plus the executor's ``handle``."""
+    """A running request: the scheduler's view, plus the executor's ``handle`` (whatever
+    the executor keeps per running request; each executor checks it gets its own kind)."""
 
-    req: object
+    req: EngineRequest
     record: RequestRecord
     prompt_len: int
     total_len: int          # prompt + output
@@ -125,8 +143,8 @@ class Executor(Protocol):
     device_pages: int
     blocking_d2h: bool
 
-    def prefetch(self, req, start_s: float) -> float: ...
-    def forget(self, req) -> None: ...
+    def prefetch(self, req: EngineRequest, start_s: float) -> float: ...
+    def forget(self, req: EngineRequest) -> None: ...
     def drop_prefetches(self) -> list[int]: ...
     def admit(self, job: Job, now: float, first: bool) -> int: ...
     def verify(self, job: Job) -> bool: ...
@@ -151,10 +169,10 @@ class NullExecutor:
         self.device_pages = device_pages
         self.used = 0
 
-    def prefetch(self, req, start_s: float) -> float:
+    def prefetch(self, req: EngineRequest, start_s: float) -> float:
         return -INF
 
-    def forget(self, req) -> None:
+    def forget(self, req: EngineRequest) -> None:
         pass
 
     def drop_prefetches(self) -> list[int]:
@@ -172,19 +190,23 @@ class NullExecutor:
         return True
 
     def compute(self, job: Job, upto: int) -> bool:
-        need = -(-upto // self.page_tokens) - job.handle
+        held = job.handle  # pages held, set by admit
+        assert isinstance(held, int)
+        need = -(-upto // self.page_tokens) - held
         if need > 0 and self.used + need > self.device_pages:
             return False
         if need > 0:
             self.used += need
-            job.handle += need
+            job.handle = held + need
         return True
 
     def publish(self, job: Job, why: Boundary) -> None:
         pass
 
     def release(self, job: Job) -> None:
-        self.used -= job.handle
+        held = job.handle
+        assert isinstance(held, int)
+        self.used -= held
         job.handle = 0
 
     def step(self) -> None:

@@ -153,7 +153,7 @@ class Scheduler:
         prompt_len, total = len(req.prompt), len(req.prompt) + len(req.output)
         rec = self.records.get(rid)
         first = rec is None
-        if first:
+        if rec is None:
             rec = RequestRecord(rid, str(req.conversation_id), int(req.turn), prompt_len,
                                 trace_line=getattr(req, "source_line", None),
                                 ready_s=self.ready_s.get(rid, req.arrival_s))

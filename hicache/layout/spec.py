@@ -106,6 +106,13 @@ class FamilySpec:
         return len(self.layer_ids)
 
     @property
+    def source(self) -> IndexSource:
+        """The anchor this family's rows are indexed by (``index_source``, resolved)."""
+        source = self.index_source
+        assert source is not None, f"{self.name}: __post_init__ resolves index_source"
+        return source
+
+    @property
     def is_history(self) -> bool:
         return self.kind == "history"
 

@@ -58,7 +58,7 @@ def build_pools(layout: CacheLayout, cfg: PoolConfig, *, plan: PoolPlan | None =
     dev = TierPools(layout, "device", num_pages=plan.device_pages,
                     num_snapshots=plan.device_snapshots, device=device)
     host = TierPools(layout, "host", num_pages=plan.host_pages, num_snapshots=plan.host_snapshots,
-                     device="cpu", host_layout=cfg.host_layout,  # type: ignore[arg-type]  # checked by PoolConfig
+                     device="cpu", host_layout=cfg.host_layout,
                      pin_memory=device.type == "cuda")
     return TieredPools(layout, plan, dev, host)
 

@@ -121,7 +121,7 @@ class IndexAllocator:
 
     def alloc(self, n: int) -> AllocResult:
         """Allocate ``n`` distinct ids, or return :class:`NoRoom` and allocate nothing."""
-        n = check_int(f"{self.name}: alloc count", n, misuse=True)  # type: ignore[assignment]
+        n = check_int(f"{self.name}: alloc count", n, misuse=True)
         if n > self._top:
             return NoRoom(requested=n, available=self._top)
         ids = self._free[self._top - n: self._top][::-1].copy()

@@ -256,7 +256,7 @@ class ArenaAllocator:
 
     # -- allocation -------------------------------------------------------------------------
     def alloc(self, source: str, n: int) -> AllocResult:
-        n = check_int(f"{self.name}: alloc count", n, misuse=True)  # type: ignore[assignment]
+        n = check_int(f"{self.name}: alloc count", n, misuse=True)
         r = self.region(source)
         ranks = r.lowest_free(n, self._limit(source))
         if ranks is None:
@@ -268,7 +268,7 @@ class ArenaAllocator:
     def frontier(self, source: str) -> int | None:
         """The used id nearest the middle (highest page / lowest state), None when empty."""
         r = self.region(source)
-        return int(self.sides[source].ids_of(np.int64(r.top - 1))) if r.top else None
+        return int(self.sides[source].ids_of(np.array([r.top - 1]))[0]) if r.top else None
 
     def hole(self, source: str) -> int | None:
         """The free id inside the region nearest its far end (lowest page / highest state),

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
 
 import psutil
 import torch
@@ -38,7 +37,7 @@ import torch
 from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
-from hicache.pools.tier import BUDGET_MODES, HOST_LAYOUTS
+from hicache.pools.tier import BUDGET_MODES, HOST_LAYOUTS, BudgetMode, HostLayout
 
 GiB = 1024**3
 _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
@@ -60,9 +59,9 @@ class PoolConfig:
     device_bytes: int = 1 * GiB
     host_bytes: int | None = None
     host_ratio: float = 2.0
-    host_layout: str = "page_first"
+    host_layout: HostLayout = "page_first"
     state_share: float | None = None
-    budget: Literal["shared", "split"] = "split"
+    budget: BudgetMode = "split"
     host_reserve_bytes: int = 2 * GiB
     device_pages: int | None = None
     device_snapshots: int | None = None
@@ -106,7 +105,7 @@ class PoolPlan:
     host_snapshots: int
     page_bytes: int
     snapshot_bytes: int
-    budget: Literal["shared", "split"] = "split"
+    budget: BudgetMode = "split"
     device_arena: int | None = None       # shared: the device arena's bytes
     host_arena: int | None = None         # shared: the host arena's bytes
     device_state_cap: int | None = None   # shared: most bytes snapshots may take (None: no cap)

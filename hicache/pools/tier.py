@@ -101,9 +101,7 @@ class SidecarPool:
 
     @property
     def source(self) -> str:
-        source = self.family.index_source
-        assert source is not None, f"{self.family.name}: a family in a pool has its index source resolved"
-        return source
+        return self.family.source
 
     @property
     def unit_bytes(self) -> int:

@@ -57,7 +57,8 @@ class PutTicket:
     @property
     def ok(self) -> bool:
         """True when every object is now in L3 (stored now, or already there)."""
-        return self.done and not self.dropped and bool(self.stored) and all(self.stored)
+        return self.done and not self.dropped and self.stored is not None and bool(self.stored) \
+            and all(self.stored)
 
     def __repr__(self) -> str:
         state = "dropped" if self.dropped else ("done" if self.done else "pending")

@@ -155,7 +155,9 @@ class RedisClusterBackend:
             if hasattr(nm, "move_slot"):
                 nm.move_slot(err)                 # newer redis-py: patch the slot now
             else:
-                nm.update_moved_exception(err)    # older: patched at the next lookup
+                # older redis-py (no move_slot): patched at the next lookup; the installed
+                # redis-py no longer declares it (older ones do: hence unused-ignore too)
+                nm.update_moved_exception(err)  # type: ignore[attr-defined,unused-ignore]
         except KeyError:  # a slot the map did not cover: the refresh below finds its owner
             pass
         self._stale = True

@@ -42,7 +42,8 @@ class Histogram:
 
     def snapshot(self) -> dict:
         """``{"buckets": [[le, cumulative count], ..., ["+Inf", count]], "sum", "count"}``."""
-        out, acc = [], 0
+        out: list[list[float | str]] = []
+        acc = 0
         for bound, n in zip(self.bounds, self._counts):
             acc += n
             out.append([bound, acc])

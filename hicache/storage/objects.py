@@ -44,8 +44,9 @@ from typing import Callable, Optional, Union
 
 try:  # the fast checksum; optional so the package still works (with crc32) without it
     import xxhash as _xxhash
+    _HAVE_XXHASH = True
 except ImportError:  # pragma: no cover - exercised only where xxhash is absent
-    _xxhash = None
+    _HAVE_XXHASH = False
 
 from hicache.errors import MisuseError
 
@@ -114,8 +115,8 @@ def _xxh3(views) -> int:
     return h.intdigest() & 0xFFFFFFFF
 
 
-CHECKSUMS: dict[int, Optional[Callable]] = {ALGO_XXH3: _xxh3 if _xxhash else None, ALGO_CRC32: _crc32}
-DEFAULT_ALGO = ALGO_XXH3 if _xxhash else ALGO_CRC32
+CHECKSUMS: dict[int, Optional[Callable]] = {ALGO_XXH3: _xxh3 if _HAVE_XXHASH else None, ALGO_CRC32: _crc32}
+DEFAULT_ALGO = ALGO_XXH3 if _HAVE_XXHASH else ALGO_CRC32
 ALGO_NAMES = {ALGO_XXH3: "xxh3_64", ALGO_CRC32: "crc32"}
 
 

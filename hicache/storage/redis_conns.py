@@ -90,7 +90,9 @@ def standalone_client(endpoint: Endpoint, opts: RedisOptions) -> "redis.Redis":
 
     where = {"unix_socket_path": endpoint.path} if endpoint.path else {"host": endpoint.host,
                                                                        "port": endpoint.port}
-    return redis.Redis(**where, db=opts.db, retry=no_retry(), redis_connect_func=on_connect,
+    # redis-py annotates redis_connect_func as Callable[[], None] but calls it with the connection
+    return redis.Redis(**where, db=opts.db, retry=no_retry(),
+                       redis_connect_func=on_connect,  # type: ignore[arg-type]
                        **opts.client_kwargs())
 
 
@@ -147,7 +149,8 @@ class LentConnections:
             raise storage_error(exc, self.where) from None
         if item is not None and item[1].sock is conn._sock and item[1].idle:
             return conn, item[1]
-        return conn, RespConnection(conn._sock, self.where)
+        # redis-py leaves Connection._sock unannotated (inferred None); here it is connected
+        return conn, RespConnection(conn._sock, self.where)  # type: ignore[arg-type]
 
     def give_back(self, conn, stream: RespConnection, ok: bool) -> None:
         if ok and not stream.broken:

@@ -86,7 +86,8 @@ class RedisNode:
         k = min(self.opts.connections, n)
         if k <= 1 or total < _FANOUT_MIN_BYTES:
             return [(0, n)]
-        out, start, acc, target = [], 0, 0, total / k
+        out: list[tuple[int, int]] = []
+        start, acc, target = 0, 0, total / k
         for i, s in enumerate(sizes):
             acc += s
             if acc >= target * (len(out) + 1) and len(out) < k - 1 and i + 1 < n:

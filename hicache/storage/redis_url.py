@@ -108,6 +108,7 @@ def _read_by_redis_py(scheme: str, ep: Endpoint, kw: dict, masked: str) -> Endpo
         parsed = parse_url(f"unix://{auth}{quote(ep.path, safe='/')}?db={kw.get('db', 0)}")
         out = Endpoint(path=parsed["path"])
     else:
+        assert ep.host is not None, "an endpoint has a path or a host"
         host = f"[{ep.host}]" if ":" in ep.host else ep.host
         base = "rediss" if scheme.startswith("rediss") else "redis"
         parsed = parse_url(f"{base}://{auth}{host}:{ep.port}/{kw.get('db', 0)}")

@@ -332,7 +332,7 @@ class RespConnection:
                 pieces, pending = [], 0
         if pieces:
             self.send(pieces)
-        out = []
+        out: list[Reply] = []
         for _ in keys:
             if asking:
                 r = self.read_reply()

@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from hicache.errors import MisuseError, StorageError
 from hicache.storage.backend import StorageBackend
@@ -41,6 +41,9 @@ from hicache.storage.config import L3Config
 from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounter, fault_name
 from hicache.storage.iostats import IO_OPS, IoStats
 from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
+
+if TYPE_CHECKING:  # imported on first use at run time
+    from hicache.storage.backup import BackupQueue
 
 
 # Rejections that mean the stored value is bad for this key (deleted and rewritten).
@@ -108,7 +111,7 @@ class L3Store:
         self.rejected = FaultCounter()    # by Reject reason
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
-        self._backup = None
+        self._backup: Optional[BackupQueue] = None
         self._closed = False
         # Keys whose value a read rejected (corrupt, truncated, foreign): deleted at once,
         # and overwritten by the next backup even if the delete failed -- a bad object must
@@ -320,7 +323,7 @@ class L3Store:
 
     # -- asynchronous backup ------------------------------------------------------------
     @property
-    def backup(self):
+    def backup(self) -> BackupQueue:
         """The bounded backup queue (started on first use)."""
         if self._backup is None:
             from hicache.storage.backup import BackupQueue

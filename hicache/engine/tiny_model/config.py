@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hicache.errors import ConfigError
+from hicache.units import check_int, check_number
 from hicache.layout import CacheLayout, FamilySpec
 
 CSA_RATIO = 4
@@ -48,11 +49,7 @@ INDEXER_STATE_FAMILY = f"c{CSA_RATIO}_indexer_state"
 
 
 def _int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(name, value, "must be an integer")
-    if value < minimum:
-        raise ConfigError(name, value, f"must be >= {minimum}")
-    return value
+    return check_int(name, value, minimum=minimum)
 
 
 @dataclass(frozen=True)
@@ -115,9 +112,7 @@ class TinyV4Config:
             raise ConfigError("max_positions", self.max_positions,
                               f"must be >= page_tokens={self.page_tokens}")
         for name in ("rope_theta", "norm_eps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise ConfigError(name, v, "must be > 0")
+            check_number(name, getattr(self, name))
 
     # -- per-layer structure --------------------------------------------------------------
     @property

@@ -121,9 +121,9 @@ class TinyV4Model:
     def _schedule(n: int, chunks: int | Sequence[int] | None) -> list[int]:
         if chunks is None:
             return [n] if n else []
-        if isinstance(chunks, int) and not isinstance(chunks, bool):
-            if chunks < 1:
-                raise MisuseError(f"chunk size must be >= 1, got {chunks}")
+        if isinstance(chunks, int):
+            if isinstance(chunks, bool) or chunks < 1:
+                raise MisuseError(f"chunk size must be an integer >= 1, got {chunks}")
             return [min(chunks, n - i) for i in range(0, n, chunks)]
         sizes = [int(c) for c in chunks]
         if any(c < 1 for c in sizes) or sum(sizes) != n:
@@ -164,6 +164,7 @@ class TinyV4Model:
 
         r = cfg.ratio(layer)
         if r:
+            assert w.compressor is not None, f"layer {layer} compresses (ratio {r}) without compressor weights"
             fam = kv_family(r)
             new = compress_chunk(state, state.comp_buffer(KV, layer), w.compressor, x, s, r,
                                  r == CSA_RATIO, self.rope, cfg.norm_eps)
@@ -198,6 +199,7 @@ class TinyV4Model:
         Always ``index_topk`` columns (padded with invalid entry 0), in entry order.
         """
         cfg, iw = self.cfg, w.indexer
+        assert iw is not None, f"layer {layer} selects entries without indexer weights"
         n, s = pos.shape[0], int(pos[0])
         new = compress_chunk(cache.state, cache.state.comp_buffer(INDEX, layer), iw.compressor, x,
                              s, CSA_RATIO, True, self.index_rope, cfg.norm_eps)

@@ -14,13 +14,17 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from hicache.cache import HiCache
 from hicache.config import HiCacheConfig, StorageConfig, TreeConfig, WriteConfig
 from hicache.engine import workloads
 from hicache.engine.tiny_model import TinyV4Config, layout_for
-from hicache.errors import ConfigError
+from hicache.units import check_int
 from hicache.pools import PoolConfig
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 # Conversations short enough to decode token by token on one CPU core (at most 25 pages of
 # 16 tokens), long enough to span many pages; two shared system prompts so conversations
@@ -28,8 +32,9 @@ from hicache.pools import PoolConfig
 # of simulated time) and thinks ~100 steps between turns -- about three turns' worth of
 # other traffic -- so a returning turn finds its prefix on the device, demoted to the
 # host, or dropped to L3, depending on what ran meanwhile.
-TINY_WORKLOAD = dict(turns=(2, 4), system_prompts=2, system_len=60, user_len=(8, 40),
-                     output_len=(8, 40), arrival_rate=0.1, think_time_s=100.0)
+TINY_WORKLOAD: workloads.SyntheticOverrides = dict(
+    turns=(2, 4), system_prompts=2, system_len=60, user_len=(8, 40), output_len=(8, 40), arrival_rate=0.1,
+    think_time_s=100.0)
 
 
 @dataclass(frozen=True)
@@ -43,9 +48,7 @@ class TinyPools:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f.name, v, "must be an integer >= 1")
+            check_int(f.name, getattr(self, f.name), minimum=1)
 
 
 def model_salt(cfg: TinyV4Config) -> str:
@@ -80,9 +83,10 @@ def tiny_cache(model_cfg: TinyV4Config, **kwargs) -> HiCache:
 
 
 def tiny_workload(conversations: int = 6, seed: int = 0, *, vocab: int = TinyV4Config.vocab,
-                  **overrides: object) -> list[workloads.Request]:
+                  **overrides: Unpack[workloads.SyntheticOverrides]) -> list[workloads.Request]:
     """Synthetic multi-turn chat with token ids in ``[0, vocab)`` (see ``TINY_WORKLOAD``)."""
-    return workloads.synthetic(conversations, seed, **{**TINY_WORKLOAD, "vocab_size": vocab, **overrides})
+    shape: workloads.SyntheticOverrides = {**TINY_WORKLOAD, "vocab_size": vocab, **overrides}
+    return workloads.synthetic(conversations, seed, **shape)
 
 
 __all__ = ["TinyPools", "tiny_cache_config", "tiny_cache", "tiny_workload", "model_salt", "TINY_WORKLOAD"]

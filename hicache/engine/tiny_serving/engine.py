@@ -38,10 +38,12 @@ import numpy as np
 import torch
 
 from hicache.cache import Boundary, HiCache, Lease
+from hicache.engine import EngineRequest
 from hicache.engine.tiny_model import PagedSequenceCache, TinyV4Model, layout_for
 from hicache.engine.tiny_serving.records import TinyRecord, TinyReport
 from hicache.engine.tiny_serving.reference import Reference
 from hicache.errors import ConfigError, MisuseError
+from hicache.units import check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -66,16 +68,13 @@ class TinyEngineConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_running", "chunk_pages", "decode_tokens"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(name, v, "must be an integer >= 1")
-        if isinstance(self.step_s, bool) or not isinstance(self.step_s, (int, float)) or not self.step_s > 0:
-            raise ConfigError("step_s", self.step_s, "must be > 0")
+            check_int(name, getattr(self, name), minimum=1)
+        check_number("step_s", self.step_s)
 
 
 @dataclass
 class _Running:
-    req: object
+    req: EngineRequest
     record: TinyRecord
     lease: Lease
     seq: PagedSequenceCache
@@ -135,7 +134,7 @@ class TinyEngine:
             lease = cache.load(cache.match(prompt[:1]))
         return lease
 
-    def _admit(self, req) -> _Running | None:
+    def _admit(self, req: EngineRequest) -> _Running | None:
         """Load the request's prefix and reserve device pages for all of it (prompt and
         output: the engine knows the output length, as engines know max_new_tokens), so a
         running request never runs out of pages. None (lease released) if they do not fit."""
@@ -253,7 +252,7 @@ class TinyEngine:
         self.report.wall_s = time.perf_counter() - t0
         return self.report
 
-    def _pages(self, req) -> int:
+    def _pages(self, req: EngineRequest) -> int:
         return -(-(len(req.prompt) + len(req.output)) // self.P)
 
     def _held_pages(self, running: list[_Running]) -> int:

@@ -11,19 +11,20 @@ Interface of the package (everything else is internal)::
 
 Every workload is deterministic: the same arguments give the same token ids and arrival
 times in every process (seeded numpy streams and BLAKE2b, never Python's ``hash()``).
-Imports nothing of hicache but :mod:`hicache.errors`, and no torch.
+Imports nothing of hicache but :mod:`hicache.errors` and :mod:`hicache.units`, and no torch.
 """
 
 from hicache.engine.workloads.request import (ArrivalSpec, Conversation, Request, WorkloadStats,
                                               reusable_per_request, schedule, summarize)
 from hicache.engine.workloads.sharegpt import DEFAULT_SYSTEM_PROMPT, read_conversations, sharegpt
-from hicache.engine.workloads.synthetic import PRESETS, SyntheticSpec, synthetic, synthetic_spec
+from hicache.engine.workloads.synthetic import (PRESETS, SyntheticOverrides, SyntheticSpec, synthetic,
+                                                synthetic_spec)
 from hicache.engine.workloads.tokenizer import ChatTokenizer
 from hicache.engine.workloads.trace import LoadedTrace, TraceWritten, load_trace, read_trace, write_trace
 
 __all__ = [
     "Request", "Conversation", "ArrivalSpec", "schedule", "WorkloadStats", "summarize", "reusable_per_request",
-    "synthetic", "synthetic_spec", "SyntheticSpec", "PRESETS",
+    "synthetic", "synthetic_spec", "SyntheticSpec", "SyntheticOverrides", "PRESETS",
     "sharegpt", "read_conversations", "DEFAULT_SYSTEM_PROMPT",
     "load_trace", "read_trace", "LoadedTrace", "write_trace", "TraceWritten",
     "ChatTokenizer",

@@ -14,7 +14,8 @@ import json
 import sys
 import time
 
-from hicache.engine.workloads import PRESETS, read_trace, sharegpt, summarize, synthetic, write_trace
+from hicache.engine.workloads import (DEFAULT_SYSTEM_PROMPT, PRESETS, read_trace, sharegpt, summarize, synthetic,
+                                      write_trace)
 from hicache.errors import ConfigError, HiCacheError
 
 PROG = "python -m hicache.engine.workloads"
@@ -46,8 +47,8 @@ def build(args: argparse.Namespace) -> tuple[list, dict]:
     if args.workload == "synthetic":
         return synthetic(args.conversations, args.seed, preset=args.preset), {}
     if args.workload == "sharegpt":
-        kw = {"system_prompt": ""} if args.no_system_prompt else {}
-        return sharegpt(args.conversations, args.seed, args.max_prompt_tokens, **kw), {}
+        system_prompt = "" if args.no_system_prompt else DEFAULT_SYSTEM_PROMPT
+        return sharegpt(args.conversations, args.seed, args.max_prompt_tokens, system_prompt=system_prompt), {}
     if not args.trace:
         raise ConfigError("--trace", None, "workload 'trace' needs --trace FILE")
     loaded = read_trace(args.trace)

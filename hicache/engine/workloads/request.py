@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from hicache.engine.workloads._random import stream
-from hicache.errors import ConfigError
+from hicache.units import check_int, check_number
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,17 +96,12 @@ class ArrivalSpec:
     max_active: int | None = None
 
     def __post_init__(self) -> None:
-        r = self.arrival_rate
-        if r is not None and (isinstance(r, bool) or not isinstance(r, (int, float))
-                              or not r > 0 or not math.isfinite(r)):
-            raise ConfigError("arrival_rate", r, "must be a positive number of conversations per "
-                              "second, or None for all at once")
-        t = self.think_time_s
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0 or not math.isfinite(t):
-            raise ConfigError("think_time_s", t, "must be a number of seconds >= 0")
-        m = self.max_active
-        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
-            raise ConfigError("max_active", m, "must be an integer >= 1, or None for no limit")
+        check_number("arrival_rate", self.arrival_rate, optional=True,
+                     reason="must be a positive number of conversations per second, or None for all at once")
+        check_number("think_time_s", self.think_time_s, positive=False, minimum=0,
+                     reason="must be a number of seconds >= 0")
+        check_int("max_active", self.max_active, minimum=1, optional=True,
+                  reason="must be an integer >= 1, or None for no limit")
 
 
 def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int) -> list[Request]:
@@ -196,8 +190,7 @@ def reusable_per_request(requests: Sequence[Request], *, page_tokens: int = 256)
     computes at least the last prompt token); a page is reusable when the same chain of
     pages was in an earlier request's (by request id) prompt + output.
     """
-    if isinstance(page_tokens, bool) or not isinstance(page_tokens, int) or page_tokens < 1:
-        raise ConfigError("page_tokens", page_tokens, "must be a positive integer")
+    check_int("page_tokens", page_tokens, minimum=1, reason="must be a positive integer")
     seen: set[bytes] = set()
     out: dict[int, int] = {}
     for r in sorted(requests, key=lambda r: r.request_id):

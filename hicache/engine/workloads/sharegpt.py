@@ -27,6 +27,7 @@ from hicache.engine.workloads.sharegpt_file import (JsonArrayReader, RawConversa
                                                     rejoin_chunks)
 from hicache.engine.workloads.tokenizer import BOS, DEFAULT_VOCAB, EOT, SYSTEM, ChatTokenizer
 from hicache.errors import ConfigError
+from hicache.units import check_int
 
 # Shared by every conversation without a system message of its own (about 550 tokens with
 # the default tokeniser, so two full 256-token pages are common to all conversations).
@@ -140,10 +141,8 @@ def sharegpt(conversations: int = 100, seed: int = 0, max_prompt_tokens: int | N
     for name, value, optional in (("conversations", conversations, False), ("seed", seed, False),
                                   ("max_prompt_tokens", max_prompt_tokens, True),
                                   ("max_turns", max_turns, True)):
-        if optional and value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "seed" else 1):
-            raise ConfigError(name, value, "must be a positive integer" + (" or None" if optional else ""))
+        check_int(name, value, minimum=0 if name == "seed" else 1, optional=optional,
+                  reason="must be a positive integer" + (" or None" if optional else ""))
     arrivals = ArrivalSpec(arrival_rate, think_time_s, max_active)
     tok = ChatTokenizer(vocab_size)
     pool = [c for c in read_conversations(path) if _has_turn(c.messages)]

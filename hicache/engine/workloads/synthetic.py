@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 
@@ -26,28 +27,28 @@ from hicache.engine.workloads.request import ArrivalSpec, Conversation, Request,
 from hicache.engine.workloads.tokenizer import (ASSISTANT, BOS, DEFAULT_VOCAB, EOT, FIRST_TEXT_ID,
                                                 SYSTEM, USER)
 from hicache.errors import ConfigError
+from hicache.units import check_int
+
+if TYPE_CHECKING:
+    from typing import Unpack
 
 Range = tuple[int, int]
 
 
 def _check_range(name: str, value: object, minimum: int) -> Range:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = (value, value)
-    ok = (isinstance(value, (tuple, list)) and len(value) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
-    if not ok:
+    pair = (value, value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in pair)):
         raise ConfigError(name, value, "must be an integer or a (low, high) pair of integers")
-    lo, hi = value
+    lo, hi = pair
     if lo < minimum or hi < lo:
-        raise ConfigError(name, list(value), f"needs {minimum} <= low <= high")
+        raise ConfigError(name, list(pair), f"needs {minimum} <= low <= high")
     return (lo, hi)
 
 
 def _check_int(name: str, value: object, minimum: int, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(name, value, f"must be an integer >= {minimum}" + (" or None" if optional else ""))
+    check_int(name, value, minimum=minimum, optional=optional,
+              reason=f"must be an integer >= {minimum}" + (" or None" if optional else ""))
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,23 @@ class SyntheticSpec:
         return 4 + self.system_len + doc + self.user_len[1] + 2  # bos sys .. eot user .. eot asst
 
 
+class SyntheticOverrides(TypedDict, total=False):
+    """Keyword overrides of :class:`SyntheticSpec` fields (checked by the spec itself)."""
+
+    turns: Range
+    system_prompts: int
+    system_len: int
+    user_len: Range
+    output_len: Range
+    document_len: Range | None
+    documents: int | None
+    max_prompt_tokens: int | None
+    vocab_size: int
+    arrival_rate: float | None
+    think_time_s: float
+    max_active: int | None
+
+
 PRESETS: dict[str, SyntheticSpec] = {
     # Chat traffic: a few popular system prompts, 2-8 turns, a new conversation every 0.5 s.
     "chat": SyntheticSpec(),
@@ -122,7 +140,7 @@ PRESETS: dict[str, SyntheticSpec] = {
 
 
 def synthetic_spec(preset: str = "chat", *, base: SyntheticSpec | None = None,
-                   **overrides: object) -> SyntheticSpec:
+                   **overrides: Unpack[SyntheticOverrides]) -> SyntheticSpec:
     """A preset (or ``base``) with some fields replaced; unknown presets or fields raise
     ConfigError."""
     if base is None:
@@ -130,10 +148,10 @@ def synthetic_spec(preset: str = "chat", *, base: SyntheticSpec | None = None,
             raise ConfigError("preset", preset, f"must be one of {sorted(PRESETS)}")
         base = PRESETS[preset]
     known = {f.name for f in dataclasses.fields(SyntheticSpec)}
-    for key in overrides:
+    given: dict[str, object] = dict(overrides)  # from flags or YAML: any key may arrive
+    for key, value in given.items():
         if key not in known:
-            raise ConfigError(key, overrides[key],
-                              f"unknown synthetic option; expected one of {sorted(known)}")
+            raise ConfigError(key, value, f"unknown synthetic option; expected one of {sorted(known)}")
     return dataclasses.replace(base, **overrides)
 
 
@@ -176,7 +194,7 @@ def _conversation(spec: SyntheticSpec, seed: int, ci: int) -> Conversation:
 
 
 def synthetic(conversations: int = 100, seed: int = 0, *, preset: str = "chat",
-              spec: SyntheticSpec | None = None, **overrides: object) -> list[Request]:
+              spec: SyntheticSpec | None = None, **overrides: Unpack[SyntheticOverrides]) -> list[Request]:
     """``conversations`` synthetic conversations, one request per turn, sorted by arrival.
 
     ``preset`` (``chat`` or ``long-context``) gives the defaults; keyword overrides replace

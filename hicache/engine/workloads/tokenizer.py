@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hicache.errors import ConfigError
+from hicache.units import check_int
 
 # Special ids live below FIRST_TEXT_ID; text pieces never map there.
 BOS, EOT, SYSTEM, USER, ASSISTANT = 0, 1, 2, 3, 4
@@ -50,9 +51,8 @@ class ChatTokenizer:
     _cache: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) \
-                or self.vocab_size <= FIRST_TEXT_ID + 1:
-            raise ConfigError("vocab_size", self.vocab_size, f"must be an integer > {FIRST_TEXT_ID + 1}")
+        check_int("vocab_size", self.vocab_size, minimum=FIRST_TEXT_ID + 2,
+                  reason=f"must be an integer > {FIRST_TEXT_ID + 1}")
 
     def piece_id(self, piece: str) -> int:
         cached = self._cache.get(piece)

@@ -50,7 +50,7 @@ from hicache.engine.workloads._random import counter_tokens, stable_u64
 from hicache.engine.workloads.request import Request
 from hicache.engine.workloads.tokenizer import DEFAULT_VOCAB, FIRST_TEXT_ID
 from hicache.engine.workloads.trace_parse import TraceLine, open_text, parse_trace
-from hicache.errors import ConfigError
+from hicache.units import check_int
 
 
 @dataclass(frozen=True)
@@ -65,9 +65,7 @@ class TraceWritten:
 
 
 def _check_block_size(block_size: object, field: str = "block_size") -> int:
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ConfigError(field, block_size, "must be a positive integer")
-    return block_size
+    return check_int(field, block_size, minimum=1, reason="must be a positive integer")
 
 
 def write_trace(requests: Sequence[Request], path: str | os.PathLike, block_size: int = 256, *,

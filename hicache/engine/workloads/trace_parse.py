@@ -49,10 +49,11 @@ import gzip
 import io
 import json
 import math
+import os
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, SupportsIndex, SupportsInt, TypedDict
 
 from hicache.errors import ConfigError
 
@@ -102,14 +103,16 @@ def open_text(path: Path, mode: str = "r") -> IO[str]:
     """A text handle; ``.gz`` is gzip. Reading replaces bad UTF-8, as the simulator does."""
     errors = "replace" if mode == "r" else "strict"
     if path.suffix == ".gz":
-        return io.TextIOWrapper(gzip.open(path, mode + "b"), encoding="utf-8", errors=errors)
+        return io.TextIOWrapper(gzip.GzipFile(path, mode + "b"), encoding="utf-8", errors=errors)
     return path.open(mode, encoding="utf-8", errors=errors)
 
 
 def sim_int(value: object, where: str) -> int:
     """Python's ``int(value)``, 0 when it raises TypeError or ValueError (the simulator's rule)."""
+    if not isinstance(value, (int, float, str, bytes, bytearray, SupportsInt, SupportsIndex)):
+        return 0  # what int() raises TypeError for: None, lists, objects
     try:
-        return int(value)  # type: ignore[arg-type]
+        return int(value)
     except (TypeError, ValueError):
         return 0
     except OverflowError:  # int(float("inf")): the simulator crashes on it
@@ -128,6 +131,13 @@ def sim_block_tokens(input_length: int, block_size: int, index: int) -> int:
     return 1 if remaining <= 0 else max(1, min(block_size, remaining))
 
 
+class _TraceState(TypedDict):
+    """What :func:`_read_record` learns across lines."""
+
+    block_size: int | None           # the first record's block size
+    without_block_size: str | None   # "FILE:LINE" of the first record without one
+
+
 @dataclass
 class _Raw:
     line: int
@@ -137,7 +147,7 @@ class _Raw:
     explicit: tuple[int, ...] | None
 
 
-def _read_record(record: dict, where: str, state: dict) -> _Raw | None:
+def _read_record(record: dict, where: str, state: _TraceState) -> _Raw | None:
     """Check one JSON object as the simulator does; None when it skips it."""
     hash_ids = record.get("hash_ids")
     if not isinstance(hash_ids, list) or not hash_ids:
@@ -184,7 +194,7 @@ def _extras(record: dict, where: str, last_ts: float) -> tuple[float, int, str |
     return float(ts), output, conv, max(turn, 0), in_conv
 
 
-def parse_trace(path: str | Path, *, block_size: int | None = None) -> ParsedTrace:
+def parse_trace(path: str | os.PathLike[str], *, block_size: int | None = None) -> ParsedTrace:
     """The records kvcache-simulator 0.1.3 counts as requests, in file order (see module doc).
 
     ``block_size`` is the fallback for lines without one (the simulator's ``--block-size``).
@@ -194,7 +204,7 @@ def parse_trace(path: str | Path, *, block_size: int | None = None) -> ParsedTra
     p = Path(path)
     if not p.is_file():
         raise ConfigError("trace", str(path), "no such file")
-    state: dict = {"block_size": None, "without_block_size": None}
+    state: _TraceState = {"block_size": None, "without_block_size": None}
     raws: list[_Raw] = []
     skipped = parse_errors = 0
     first_error: str | None = None
@@ -226,7 +236,10 @@ def parse_trace(path: str | Path, *, block_size: int | None = None) -> ParsedTra
     if not raws:
         raise ConfigError("trace", str(p), f"has no usable records ({skipped} skipped, {parse_errors} "
                                            f"not JSON); {REFUSED}")
-    lines, clamped, last_ts = [], 0, -math.inf
+    # every usable record set the trace's block size, or named itself without one (checked above)
+    assert bs is not None
+    lines: list[TraceLine] = []
+    clamped, last_ts = 0, -math.inf
     for raw in raws:
         where = f"{p.name}:{raw.line}"
         ts, output, conv, turn, in_conv = _extras(raw.record, where, last_ts if last_ts > -math.inf else 0.0)

@@ -75,7 +75,7 @@ class HiCacheStorageBackend(HiCacheStorage):
         self._lock = threading.Lock()
         self._slots: dict[str, PoolSlot] = {}
         self._metrics_on = bool(sc.enable_storage_metrics)
-        self._metrics = {k: deque(maxlen=_METRIC_SAMPLES) for k in
+        self._metrics: dict[str, deque[float]] = {k: deque(maxlen=_METRIC_SAMPLES) for k in
                          ("prefetch_pgs", "backup_pgs", "prefetch_bandwidth", "backup_bandwidth")}
         self.mem_pool_host = None
         logger.info("hicache L3 backend for SGLang: %s (model %s, tp %d/%d, pp %d/%d%s)",

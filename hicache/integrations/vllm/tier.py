@@ -34,7 +34,7 @@ import json
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, ClassVar, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
 try:
     from vllm.v1.kv_offload.base import (LookupResult, Medium, OffloadKey, ReqContext, RequestOffloadingContext,
@@ -48,8 +48,11 @@ except ImportError as exc:  # this module is what vLLM loads; hicache itself nev
 
 from hicache.units import check_int
 from hicache.errors import ConfigError
-from hicache.integrations.vllm.transfers import GroupStores, TransferJob as HcJob, TransferRunner
+from hicache.integrations.vllm.transfers import GroupStores, JobKind, TransferJob as HcJob, TransferRunner
 from hicache.storage import L3Config, mask_url, open_backend
+
+if TYPE_CHECKING:  # imported where metrics are served: it needs prometheus_client
+    from hicache.cache import PrometheusExporter
 
 RECENT_KEYS = 1 << 16   # keys this process stored, answered HIT without asking L3
 
@@ -139,7 +142,7 @@ class HiCacheSecondaryTier(SecondaryTierManager):
         self.counters: dict[str, int] = {k: 0 for k in (
             "lookups", "lookup_hits", "lookup_misses", "lookup_retries", "stores", "store_failures",
             "stored_chunks", "skipped_chunks", "loads", "load_failures", "loaded_chunks", "failed_chunks")}
-        self.exporter = None
+        self.exporter: PrometheusExporter | None = None
         self._exported_at = 0.0
         if metrics_port is not None:
             self._serve_metrics(metrics_port, metrics_addr, salt, spec_cfg)
@@ -183,7 +186,7 @@ class HiCacheSecondaryTier(SecondaryTierManager):
             self.exporter.update()   # at most once a second; a scrape reads this copy
 
     # -- transfers ----------------------------------------------------------------------
-    def _submit(self, job: TransferJob, kind: str) -> None:
+    def _submit(self, job: TransferJob, kind: JobKind) -> None:
         keys = tuple(job.keys)
         slots = tuple(int(c) for c in job.chunk_ids)
         assert len(keys) == len(slots), f"{len(keys)} keys but {len(slots)} chunk ids"
