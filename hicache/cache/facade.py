@@ -87,6 +87,8 @@ class HiCache:
                           pools.plan.page_bytes)
         self._lookups = LookupCounters()
         self._leases: dict[int, Lease] = {}
+        self._residency.resume_snapshots = lambda: [lease._resume_snapshot for lease in self._leases.values()
+                                                    if lease._resume_snapshot is not None]
         self._lease_ids = itertools.count(1)
         self._closed = False
 

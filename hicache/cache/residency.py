@@ -30,7 +30,7 @@ the facade forwards to the parts that keep such objects in their own tables.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -104,6 +104,9 @@ class Residency:
         self._removed: list[tuple[TreeNode, TreeNode | None]] = []   # (node, its parent)
         self._detached: list[Snapshot] = []
         self.room = Room(self)   # shared arenas: compaction and the merged eviction order
+        # Snapshots whose device row a lease hands out by id (its resume snapshot): set by
+        # the facade; compaction never moves them.
+        self.resume_snapshots: Callable[[], Iterable[Snapshot]] = tuple
 
     # -- ids -------------------------------------------------------------------------------
     def free(self, tier: Tier, source: Source, ids: Iterable[int | None] | np.ndarray | None) -> None:

@@ -25,8 +25,12 @@ ended becomes a dead tail). Both orders are read afresh for each victim, so a vi
 eviction (a removed subtree, a snapshot turning a run into a dead tail) is seen at once.
 
 Who may move: an object owned by the tree (a node's page ids on that tier, a snapshot's
-row) that nothing reads or writes -- no lease lock, no load or backup or L3 put in flight,
-no open prefetch pin. Ids held elsewhere (a lease's unpublished pages and snapshots, a
+row) that nothing reads or writes -- for pages no lease lock (a lease's page table holds
+their ids), for snapshots not a running lease's resume snapshot (its row is the lease's
+``snapshot_id``); a snapshot locked only as a lease's newest published one moves, since
+the lease holds the Snapshot, not its row (left in place, it could pin the state frontier
+and starve its own request of pages) -- no load or backup or L3 put in flight, no open
+prefetch pin. Ids held elsewhere (a lease's unpublished pages and snapshots, a
 backup's or a prefetch's destination rows) have no tree owner and never move. Owners are
 found by one scan of the tree per compaction pass.
 
@@ -181,6 +185,10 @@ class Room:
         """Movable ids of ``tier``/``source`` -> their one owner (one scan of the tree)."""
         out: dict[int, tuple[TreeNode, int] | Snapshot] = {}
         device = tier is Tier.DEVICE
+        # A lease's lock on its newest published snapshot keeps it from eviction but holds no
+        # row id (the lease refers to the Snapshot), so it may move; a resume snapshot's
+        # device row is the lease's snapshot_id, which the engine reads: it stays.
+        by_id = {id(s) for s in self._res.resume_snapshots()} if device else set()
         for node in self._res._tree.nodes():
             if source is Source.PAGE:
                 ids = node.device_ids if device else node.host_ids
@@ -191,7 +199,7 @@ class Room:
                 if s is None:
                     continue
                 row = s.device_id if device else s.host_id
-                if row is not None and not (s.lock or s.busy):
+                if row is not None and not s.busy and id(s) not in by_id:
                     out[row] = s
         return out
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from hicache.cache import Boundary
 from hicache.transfer import TransferConfig
 from tests.cache.conftest import Engine, hybrid_layout, make_cache, mha_layout, toks
 from tests.cache.test_stress import POLICIES, run
@@ -101,6 +102,53 @@ def test_locked_pages_never_move():
     assert res.ok and res.ids.tolist() == [3]             # A's snapshot went instead
     assert b.device_ids.tolist() == [3, 4, 5] and cache.counters.compaction_moves == 0
     assert a.snapshot is None or a.snapshot.device_id is None
+    for lz in (lease, holder):
+        cache.release(lz)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_a_running_requests_newest_snapshot_moves_out_of_its_way():
+    """The lease's lock on its newest published snapshot holds no row id: compaction moves
+    it into the hole A's snapshot left, and the lease's own page allocation then fits in
+    the middle (left in place it pinned the state frontier and starved its own request)."""
+    eng = Engine(make_cache(device_pages=6, device_snaps=2, host_pages=12, host_snaps=4, budget="shared",
+                            retention=None))
+    cache = eng.cache
+    eng.run(A)                                            # A: pages 0-2, state 3 (rank 0)
+    a = node_of(cache, A)
+    lease = cache.load(cache.match(B))
+    eng.publish(lease, B, 3, why=Boundary.PROMPT_END)    # B: pages 3-5, state 2, locked as newest
+    cache.drain()                                         # B's backups done: nothing reads it
+    b = node_of(cache, B)
+    assert b.device_ids.tolist() == [3, 4, 5] and b.snapshot.device_id == 2 and b.snapshot.lock == 1
+    assert not b.snapshot.busy
+    a.snapshot.last_access = -1.0                         # A's snapshot is the coldest object
+    res = cache.alloc_pages(lease, 2)
+    assert res.ok and res.ids.tolist() == [6, 7]          # the middle, once B's snapshot moved
+    assert b.snapshot.device_id == 3 and cache.counters.compaction_moves == 1
+    assert a.device_ids.tolist() == [0, 1, 2] and a.snapshot.device_id is None
+    cache.release(lease)
+    cache.check_integrity()
+    m, again = eng.start(toks(4, 5, 6, extra=1))          # reads B's moved snapshot back
+    assert m.resume_tokens == 12 and again.snapshot_id == 3
+    cache.release(again)
+    cache.check_integrity()
+    cache.close()
+
+
+def test_a_running_requests_resume_snapshot_never_moves():
+    eng, a, b = filled()
+    cache = eng.cache
+    m, holder = eng.start(toks(4, 5, 6, extra=1))         # resumes from B's snapshot (row 2)
+    assert holder.snapshot_id == 2
+    a.snapshot.last_access = -1.0
+    lease = fresh_lease(cache)
+    res = cache.alloc_pages(lease, 2)
+    # A's snapshot went (a hole at row 3), but B's snapshot is the holder's snapshot_id: it
+    # stays, and A's pages go down instead
+    assert res.ok and res.ids.tolist() == [0, 1] and not a.on_device
+    assert b.snapshot.device_id == holder.snapshot_id == 2 and cache.counters.compaction_moves == 0
     for lz in (lease, holder):
         cache.release(lz)
     cache.check_integrity()
