@@ -24,6 +24,12 @@ decides which is colder (a tie evicts the snapshot: it frees more bytes, and the
 ended becomes a dead tail). Both orders are read afresh for each victim, so a victim's
 eviction (a removed subtree, a snapshot turning a run into a dead tail) is seen at once.
 
+Under write_back a device victim is backed up to the host before it goes (a page run is
+demoted, its end snapshot going down with it), except a *mid-chain* snapshot: one at a node
+with a single child and a snapshot somewhere below. Every request that passes that boundary
+resumes deeper, so its host copy would only take bytes from pages and snapshots that serve
+hits; it is dropped. A branch point's snapshot (two or more children) is always kept.
+
 Who may move: an object owned by the tree (a node's page ids on that tier, a snapshot's
 row) that nothing reads or writes -- for pages no lease lock (a lease's page table holds
 their ids), for snapshots not a running lease's resume snapshot (its row is the lease's
@@ -104,7 +110,8 @@ class Room:
             else:
                 node, snap = victim
                 if self._res.evict_snapshot(tier, node, snap):
-                    backup_snapshots([(node, snap)])
+                    if not _shadowed(node):   # write_back: worth a host copy
+                        backup_snapshots([(node, snap)])
                     self._res.drop_backed_up_snapshots([(node, snap)])
 
     @staticmethod
@@ -139,7 +146,7 @@ class Room:
         if res._policy.write_back and not node.on_host:
             backup_pages([node])
             snap = node.snapshot
-            if node.on_host and snap is not None and snap.provisional_owner is None:
+            if node.on_host and snap is not None and snap.provisional_owner is None and not _shadowed(node):
                 backup_snapshots([(node, snap)])   # the boundary state goes down with its pages
             return res.demote_backed_up([node]) == 0
         return res.drop_device_copy(node)
@@ -202,6 +209,23 @@ class Room:
                 if row is not None and not s.busy and id(s) not in by_id:
                     out[row] = s
         return out
+
+
+def _shadowed(node: TreeNode) -> bool:
+    """Is ``node``'s snapshot a mid-chain one nobody branches from? (One child, and a
+    snapshot with a copy somewhere below it.) Every request that passes such a boundary
+    resumes deeper, so under write_back its victim copy is not worth host bytes; a branch
+    point's snapshot (two or more children: e.g. a shared system prompt) always is."""
+    if len(node.children) != 1:
+        return False
+    stack = list(node.children.values())
+    while stack:
+        child = stack.pop()
+        s = child.snapshot
+        if s is not None and (s.device_id is not None or s.host_id is not None):
+            return True
+        stack.extend(child.children.values())
+    return False
 
 
 def _first(items: Iterator[T]) -> T | None:
