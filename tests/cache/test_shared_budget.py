@@ -41,6 +41,15 @@ def fresh_lease(cache):
     return cache.load(cache.match(C))   # nothing cached for C: locks nothing
 
 
+def reread(eng, tokens):
+    """Start a request on ``tokens`` (every borrowed byte verified), release it, check the
+    cache; its match and lease."""
+    m, lease = eng.start(tokens)
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+    return m, lease
+
+
 def test_a_snapshot_evicts_a_colder_page_run():
     eng, a, b = filled()
     cache = eng.cache
@@ -83,11 +92,9 @@ def test_compaction_moves_a_page_and_its_node_reads_back_its_bytes():
     assert cache.pools.device.extent("page") == 3 * 64
     cache.release(lease)
     cache.check_integrity()
-    m, again = eng.start(toks(4, 5, 6, extra=1))          # verifies every byte it borrows
+    m, again = reread(eng, toks(4, 5, 6, extra=1))        # verifies every byte it borrows
     assert m.resume_tokens == m.device_tokens == 12 and again.page_table == [2, 1, 0]
     assert again.snapshot_id == 2
-    cache.release(again)
-    cache.check_integrity()
     cache.close()
 
 
@@ -130,10 +137,8 @@ def test_a_running_requests_newest_snapshot_moves_out_of_its_way():
     assert a.device_ids.tolist() == [0, 1, 2] and a.snapshot.device_id is None
     cache.release(lease)
     cache.check_integrity()
-    m, again = eng.start(toks(4, 5, 6, extra=1))          # reads B's moved snapshot back
+    m, again = reread(eng, toks(4, 5, 6, extra=1))        # reads B's moved snapshot back
     assert m.resume_tokens == 12 and again.snapshot_id == 3
-    cache.release(again)
-    cache.check_integrity()
     cache.close()
 
 
@@ -181,10 +186,8 @@ def test_write_back_drops_a_mid_chain_snapshot_instead_of_backing_it_up():
     assert y.snapshot.device_id is not None and x.on_device and y.on_device
     cache.release(next(iter(cache._leases.values())))
     cache.check_integrity()
-    m, again = eng.start(toks(1, 2, 3, 4, 5, 6, extra=1))   # still resumes at y, bytes checked
+    m, _ = reread(eng, toks(1, 2, 3, 4, 5, 6, extra=1))   # still resumes at y, bytes checked
     assert m.resume_tokens == 24
-    cache.release(again)
-    cache.check_integrity()
     cache.close()
 
 
