@@ -47,7 +47,8 @@ def draw(rng: random.Random, ops: int) -> list[str]:
             "--max-queued-ops", str(queue), "--max-running", str(rng.randint(1, 4)),
             "--device-pages", str(device), "--host-pages", str(rng.randint(4, 48)),
             "--prefetch", str(rng.choice([0.0, 0.3, 0.6, 0.9])),
-            "--fault-rate", str(rng.choice([0.0, 0.0, 0.02, 0.1]))]
+            "--fault-rate", str(rng.choice([0.0, 0.0, 0.02, 0.1])),
+            "--budget", rng.choice(["split", "shared"])]
     if hybrid:
         page_tokens = 16 if layout == "tiny-hybrid" else 256
         retention = rng.choice(["none", "0", str(page_tokens * rng.randint(1, 4))])

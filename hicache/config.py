@@ -130,6 +130,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "host_ratio": ("pools", "host_ratio", None),
     "host_layout": ("pools", "host_layout", None),
     "state_share": ("pools", "state_share", None),
+    "budget": ("pools", "budget", None),
     "host_reserve_bytes": ("pools", "host_reserve_bytes", _BYTES),
     "device_pages": ("pools", "device_pages", None),
     "device_snapshots": ("pools", "device_snapshots", None),

@@ -88,6 +88,8 @@ class HiCache:
                           pools.plan.page_bytes)
         self._lookups = LookupCounters()
         self._leases: dict[int, Lease] = {}
+        self._residency.resume_snapshots = lambda: [lease._resume_snapshot for lease in self._leases.values()
+                                                    if lease._resume_snapshot is not None]
         self._lease_ids = itertools.count(1)
         self._closed = False
 
@@ -514,7 +516,10 @@ class HiCache:
         res = self._residency
         short = res.short_of(tier, source, n)
         if short and res.feasible(tier, source, n):
-            if source is PAGE and tier is DEVICE:
+            if res.shared(tier):   # one arena: compaction, then pages and snapshots on one scale
+                res.make_room(tier, source, n, lambda nodes: self._backup_pages(nodes, sync=True),
+                              lambda items: self._backup_snapshots(items, sync=True))
+            elif source is PAGE and tier is DEVICE:
                 self._evict_device_pages(short)
             elif source is PAGE:
                 res.evict_host_pages(short)

@@ -18,6 +18,10 @@ Exclusive host tier: when a load from the host lands, the host copy it read is f
 budgets add up; the device evicting it again backs it up again. A host copy an L3 put is
 still reading is freed when the put ends (:meth:`put_finished`).
 
+Shared budget (``budget: shared``): each tier is one arena for pages and snapshots, and a
+short allocation gets room from :class:`~hicache.cache.room.Room` (compaction, then one
+eviction order over both kinds); :meth:`feasible` asks it in that mode.
+
 Removals are reported, not routed: every node that leaves the tree (with its parent at
 that moment) and every snapshot detached with it is queued for :meth:`take_removed`, which
 the facade forwards to the parts that keep such objects in their own tables.
@@ -26,12 +30,13 @@ the facade forwards to the parts that keep such objects in their own tables.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 
 from hicache.cache.policy import PlacementPolicy
 from hicache.cache.results import ResidencyCounters
+from hicache.cache.room import BackupPages, BackupSnapshots, Room
 from hicache.pools import AllocResult, Source, Tier, TieredPools
 from hicache.tree import LoadTicket, RadixTree, Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
 
@@ -98,6 +103,10 @@ class Residency:
         self._release_after_put: set[TreeNode | Snapshot] = set()
         self._removed: list[tuple[TreeNode, TreeNode | None]] = []   # (node, its parent)
         self._detached: list[Snapshot] = []
+        self.room = Room(self)   # shared arenas: compaction and the merged eviction order
+        # Snapshots whose device row a lease hands out by id (its resume snapshot): set by
+        # the facade; compaction never moves them.
+        self.resume_snapshots: Callable[[], Iterable[Snapshot]] = tuple
 
     # -- ids -------------------------------------------------------------------------------
     def free(self, tier: Tier, source: Source, ids: Iterable[int | None] | np.ndarray | None) -> None:
@@ -116,9 +125,21 @@ class Residency:
         return max(n - self.pools.tier(tier).num_free(source), 0)
 
     def feasible(self, tier: Tier, source: Source, n: int) -> bool:
-        """Could eviction make room for ``n``? (Capacity, and free plus unpinned.)"""
+        """Could eviction make room for ``n``? (Capacity, and free plus unpinned; in a
+        shared arena, the pinned bytes of both kinds plus the request.)"""
         pools = self.pools.tier(tier)
+        if pools.arena is not None:
+            return self.room.feasible(tier, source, n)
         return n <= pools.capacity(source) and n - pools.num_free(source) <= self._tree.evictable(tier, source)
+
+    def shared(self, tier: Tier) -> bool:
+        """Is ``tier`` one shared arena (``budget: shared``)?"""
+        return self.pools.tier(tier).arena is not None
+
+    def make_room(self, tier: Tier, source: Source, n: int, backup_pages: BackupPages,
+                  backup_snapshots: BackupSnapshots) -> None:
+        """Shared arena: compact and evict either kind, coldest first, until ``n`` fit."""
+        self.room.make_room(tier, source, n, backup_pages, backup_snapshots)
 
     def take(self, tier: Tier, source: Source, n: int) -> AllocResult:
         """Allocate from what is free (no eviction): ``NoRoom`` when short."""
@@ -161,7 +182,7 @@ class Residency:
         return out
 
     # -- eviction --------------------------------------------------------------------------
-    def _drop_device_copy(self, node: TreeNode) -> bool:
+    def drop_device_copy(self, node: TreeNode) -> bool:
         """Evict ``node``'s device pages: demote if it has a host copy, else drop the node
         (and its shadow subtree). False if it must stay (something reads the subtree)."""
         if not node.on_host and self._tree.subtree_pinned(node):
@@ -186,7 +207,7 @@ class Residency:
             if self._policy.write_back and not node.on_host and self._policy.worth_demoting(node):
                 to_backup.append(node)
                 freed += node.num_pages
-            elif self._drop_device_copy(node):
+            elif self.drop_device_copy(node):
                 freed += node.num_pages
         return EvictionPass(freed, to_backup)
 
@@ -195,18 +216,42 @@ class Residency:
         Returns the pages that could *not* be freed after all."""
         kept = 0
         for node in nodes:
-            if node.parent is not None and node.on_device and not self._drop_device_copy(node):
+            if node.parent is not None and node.on_device and not self.drop_device_copy(node):
                 kept += node.num_pages
         return kept
+
+    def evict_host_node(self, node: TreeNode) -> int:
+        """Remove a host victim (and its shadow subtree); returns host pages freed."""
+        freed = self._remove_subtree(node)
+        self.counters.host_evicted_pages += node.num_pages
+        return freed
 
     def evict_host_pages(self, need: int) -> int:
         freed = 0
         for node in host_victims(self._tree, self._policy.strategy):
             if freed >= need:
                 break
-            freed += self._remove_subtree(node)
-            self.counters.host_evicted_pages += node.num_pages
+            freed += self.evict_host_node(node)
         return freed
+
+    def evict_snapshot(self, tier: Tier, node: TreeNode, snap: Snapshot) -> bool:
+        """Free one snapshot victim's ``tier`` row; True when (write_back, no host copy) it
+        must be backed up first instead (then :meth:`drop_backed_up_snapshots`)."""
+        if tier is Tier.HOST:
+            self.free(Tier.HOST, Source.STATE, [snap.host_id])
+            snap.host_id = None
+            self.counters.snapshots_evicted_host += 1
+        elif snap.host_id is not None:
+            self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
+            snap.device_id = None
+        elif self._policy.write_back and self._policy.worth_demoting_snapshot(node, snap):
+            return True
+        else:
+            self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
+            snap.device_id = None
+            self.counters.snapshots_evicted_device += 1
+        self._detach_if_empty(node, snap)
+        return False
 
     def evict_snapshots(self, tier: Tier, need: int) -> tuple[int, list[tuple[TreeNode, Snapshot]]]:
         """Free up to ``need`` snapshot rows of ``tier``; under write_back a device snapshot
@@ -215,20 +260,8 @@ class Residency:
         for node, snap in snapshot_victims(self._tree, self._policy.strategy, tier):
             if freed >= need:
                 break
-            if tier is Tier.HOST:
-                self.free(Tier.HOST, Source.STATE, [snap.host_id])
-                snap.host_id = None
-                self.counters.snapshots_evicted_host += 1
-            elif snap.host_id is not None:
-                self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
-                snap.device_id = None
-            elif self._policy.write_back and self._policy.worth_demoting_snapshot(node, snap):
+            if self.evict_snapshot(tier, node, snap):
                 to_backup.append((node, snap))
-            else:
-                self.free(Tier.DEVICE, Source.STATE, [snap.device_id])
-                snap.device_id = None
-                self.counters.snapshots_evicted_device += 1
-            self._detach_if_empty(node, snap)
             freed += 1
         return freed, to_backup
 

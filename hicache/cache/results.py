@@ -101,6 +101,7 @@ class ResidencyCounters:
     snapshots_backed_up: int = 0
     snapshots_loaded: int = 0
     snapshots_released_host: int = 0
+    compaction_moves: int = 0
 
 
 @dataclass
@@ -167,6 +168,7 @@ class CacheStats:
     snapshots_backed_up: int = 0
     snapshots_loaded: int = 0
     snapshots_released_host: int = 0   # exclusive host tier: host copies freed by a load
+    compaction_moves: int = 0          # shared budget: objects moved inside an arena to make room
     l3_prefetched_pages: int = 0
     l3_put_objects: int = 0
     l3_put_dropped: int = 0

@@ -59,7 +59,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-pages", type=int, help="device budget as a page count (overrides --device-gib)")
     p.add_argument("--host-pages", type=int, help="host budget as a page count")
     p.add_argument("--state-share", type=float,
-                   help="share of each tier's byte budget kept for state snapshots (default: the config's)")
+                   help="split budget: share of each tier's bytes kept for state snapshots; shared budget: "
+                        "a cap on the bytes snapshots may take (default: the config's)")
+    p.add_argument("--budget", choices=["split", "shared"],
+                   help="split: fixed page / snapshot shares of each tier; shared: one arena per tier that "
+                        "pages and snapshots compete for (default: the config's)")
     p.add_argument("--device-snapshots", type=int, help="device state snapshots")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
@@ -128,7 +132,7 @@ def cache_overrides(args: argparse.Namespace) -> dict:
             out[flag] = v
     if args.state_share is not None:
         out["state_share"] = args.state_share
-    for flag in ("prefetch_policy", "write_policy", "host_tier", "eviction"):
+    for flag in ("prefetch_policy", "write_policy", "host_tier", "eviction", "budget"):
         if getattr(args, flag):
             out[flag] = getattr(args, flag)
     if args.retention is not None:
@@ -147,8 +151,8 @@ def budget_overrides(args: argparse.Namespace, device_gib: float | None, host_gi
     host_gib = host_gib if host_gib is not None else main.get("host_gib")
     out: dict[str, float | None] = {"device_bytes": gib_bytes("--device-gib", device_gib) if device_gib is not None else None,
            "host_bytes": gib_bytes("--host-gib", host_gib) if host_gib is not None else None}
-    if args.state_share is None and "state_share" in main:
-        out["state_share"] = main["state_share"]
+    if args.state_share is None and "state_share" in main and args.budget != "shared":
+        out["state_share"] = main["state_share"]   # the main job's split (a shared arena has no cap)
     return out
 
 

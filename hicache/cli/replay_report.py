@@ -86,7 +86,9 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_put_objects": s["l3_put_objects"], "l3_put_dropped": s["l3_put_dropped"],
         "l3_prefetched_pages": s["l3_prefetched_pages"],
         "l3_get_bytes": int(l3c.get("get_bytes", 0)), "l3_put_bytes": int(l3c.get("put_bytes", 0)),
+        # evicted = dropped (no copy left below) + demoted (a host copy stays)
         "device_evicted_pages": s["device_evicted_pages"] + s["device_demoted_pages"],
+        "device_dropped_pages": s["device_evicted_pages"], "device_demoted_pages": s["device_demoted_pages"],
         "host_evicted_pages": s["host_evicted_pages"],
         "host_released_pages": s["host_released_pages"],
         "snapshots_offered": s["snapshots_offered"], "snapshots_kept": s["snapshots_kept"],
@@ -97,6 +99,8 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "mismatched_pages": report.mismatched_pages,
         "l3_errors": s["l3_errors"],
         "l3_rejected": s["l3_rejected"],
+        "budget": cache.pools.plan.budget,
+        "compaction_moves": s["compaction_moves"],
         "device_bytes": cache.pools.plan.device_bytes,
         "host_bytes": cache.pools.plan.host_bytes,
         "device_pages": cache.pools.plan.device_pages,
@@ -165,6 +169,7 @@ def print_summary(summary: dict, *, title: str) -> None:
         ["host -> device", f"{format_bytes(s['h2d_bytes'])} at {s['h2d_gbps']} GB/s"],
         ["host -> L3 / L3 -> host", f"{format_bytes(s['l3_put_bytes'])} / {format_bytes(s['l3_get_bytes'])}"],
         ["evicted pages device / host", f"{s['device_evicted_pages']:,} / {s['host_evicted_pages']:,}"],
+        ["device evictions dropped / demoted", f"{s['device_dropped_pages']:,} / {s['device_demoted_pages']:,}"],
         ["snapshots offered / kept / provisional", f"{s['snapshots_offered']:,} / {s['snapshots_kept']:,} / "
                                                    f"{s['snapshots_provisional']:,}"],
         ["snapshots dropped (retention) / evicted", f"{s['snapshots_dropped_retention']:,} / {s['snapshots_evicted']:,}"],

@@ -8,9 +8,10 @@ Each point is a full replay on a fresh cache (every byte it reads back checked, 
 ``--verify`` says). When ``kvcache-simulator`` is installed, its ``lru`` and ``optimal``
 policies run once over the same trace (a workload is first written as a trace with the
 layout's page size as block size) with, per point, the capacity of our device + host
-pages in tokens, scaled into its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib``
-is the budget to pass to ``kvcache-simulator run --budgets-gib`` to reproduce
-``sim_lru`` / ``sim_optimal``.
+pages in tokens (with ``--budget shared``: the tokens our device + host bytes hold at one
+snapshot per mean prompt, :func:`hicache.engine.kvsim.shared_capacity_tokens`), scaled into
+its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib`` is the budget to pass to
+``kvcache-simulator run --budgets-gib`` to reproduce ``sim_lru`` / ``sim_optimal``.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     work = load_requests(args)
     n = len(work.requests)
     progress = Progress("sweep", n * len(hosts), enabled=not args.quiet)
-    points, summaries = [], []
+    points, summaries, budgets = [], [], []
     layout = cfg = path = None
     for i, host in enumerate(hosts):
         path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
@@ -99,16 +100,25 @@ def run(args: argparse.Namespace) -> int:
 
         summary, _ = replay_once(layout, cfg, ecfg, work, step)
         summaries.append(summary)
+        budgets.append(summary["device_bytes"] + summary["host_bytes"])
         points.append(_point(summary, args.device_gib, host))
     assert layout is not None, "parse_budgets returns at least one budget"
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
-           "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"]}
+           "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
+           "budget": cfg.pools.budget if cfg is not None else None}
     out.update(work.trace_info)
     if not args.no_sim and kvsim.available():
+        assert cfg is not None, "parse_budgets returns at least one budget"
         with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
             trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
-            caps = [(p["device_pages"] + p["host_pages"]) * layout.page_tokens for p in points]
+            if cfg.pools.budget == "shared":   # our page count varies: capacity from bytes
+                mean_prompt = sum(len(r.prompt) for r in work.requests) / n
+                caps = [kvsim.shared_capacity_tokens(b, layout.object_bytes("page"), layout.object_bytes("state"),
+                                                     layout.page_tokens, mean_prompt) for b in budgets]
+                out["sim_mean_prompt_tokens"] = round(mean_prompt, 1)
+            else:
+                caps = [(p["device_pages"] + p["host_pages"]) * layout.page_tokens for p in points]
             model = args.sim_model or kvsim.model_for(layout.model)
             sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
                                  indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)

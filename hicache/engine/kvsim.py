@@ -23,6 +23,16 @@ it for ``capacity_blocks = capacity_tokens // block_size`` blocks: ``GiB =
 ``cache_blocks_for_gib`` to give exactly that block count. Both caches then hold the same
 number of tokens; the GiB figures differ by the ratio of the two byte accountings.
 
+Shared budget (``budget: shared``): our page count is not fixed (pages and snapshots share
+one arena per tier), so the capacity we give the simulator comes from bytes, amortising one
+snapshot over a mean prompt the way its own formula amortises the sliding window
+(:func:`shared_capacity_tokens`)::
+
+    bytes_per_token_ours = (snapshot_bytes + (T / page_tokens) * page_bytes) / T
+    capacity_tokens      = floor((device_bytes + host_bytes) / bytes_per_token_ours)
+
+with ``T`` the trace's mean prompt tokens. Split budgets keep the page-count rule above.
+
 A capacity the simulator omits is reported by ``status``: ``capacity_holds_whole_trace``
 (at least its unique blocks: nothing is ever evicted, every policy is the ceiling) or
 ``underfilled`` (the cache was not full when measurement began: no figure).
@@ -65,6 +75,17 @@ def model_for(name: str | None) -> str:
     _, calculator, _, _ = modules()
     known = calculator.models_by_id(calculator.load_models_data())
     return name if name is not None and name in known else DEFAULT_MODEL
+
+
+def shared_capacity_tokens(budget_bytes: int, page_bytes: int, snapshot_bytes: int, page_tokens: int,
+                           mean_prompt_tokens: float) -> int:
+    """History tokens a shared budget of ``budget_bytes`` holds at one snapshot per mean
+    prompt of ``mean_prompt_tokens`` (see the module docstring)."""
+    t = float(mean_prompt_tokens)
+    if not t > 0:
+        raise ConfigError("mean_prompt_tokens", mean_prompt_tokens, "must be > 0")
+    per_token = (snapshot_bytes + (t / page_tokens) * page_bytes) / t
+    return int(budget_bytes // per_token)
 
 
 def scaled_budget_gib(capacity_blocks: int, bytes_per_block: float, simulator) -> float:

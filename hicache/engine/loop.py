@@ -64,6 +64,23 @@ class _Prefetch:
     state_bytes: int = 0    # > 0 when the plan carries a snapshot (usable only whole)
 
 
+# Device snapshots one running request may pin at once: the one it resumed from, the newest
+# it published, and the one it is capturing before publishing it.
+SNAPSHOTS_PER_REQUEST = 3
+
+
+def snapshot_overhead_pages(cache: HiCache) -> int:
+    """Pages' worth of device bytes each running request's pinned snapshots take from the
+    page budget: with a shared budget snapshots live in the same arena as pages, so
+    admission must count them (or it over-admits and preempts); split pools give snapshots
+    their own rows, so nothing."""
+    pools = cache.pools.device
+    if pools.arena is None or not cache.layout.object_bytes("state"):
+        return 0
+    page, state = cache.layout.object_bytes("page"), cache.layout.object_bytes("state")
+    return -(-SNAPSHOTS_PER_REQUEST * state // page)
+
+
 class CacheExecutor:
     """The scheduler's requests carried out on a :class:`HiCache`, with the clock deciding
     how much of each L3 prefetch has landed when its request is admitted."""
@@ -74,6 +91,7 @@ class CacheExecutor:
         self.clock = clock
         self.page_tokens = cache.page_tokens
         self.device_pages = cache.pools.device.capacity("page")
+        self.request_overhead_pages = snapshot_overhead_pages(cache)
         # write_back copies a page to the host when the device evicts it, before the row
         # is reused: on the critical path. Write-through backups run beside the compute.
         self.blocking_d2h = cache.config.write.write_policy == "write_back"
@@ -208,8 +226,10 @@ class ReferenceEngine:
         self.progress = progress
 
     def run(self, requests: Sequence) -> EngineReport:
-        device_pages = self.cache.pools.device.capacity("page")
-        baseline = Scheduler(NullExecutor(self.cache.page_tokens, device_pages), self.cfg).run(requests)
+        # The baseline admits on the same device budget, snapshots included (same overhead).
+        null = NullExecutor(self.cache.page_tokens, self.cache.pools.device.capacity("page"),
+                            snapshot_overhead_pages(self.cache))
+        baseline = Scheduler(null, self.cfg).run(requests)
         ex = CacheExecutor(self.cache, self.cfg.verify, self.cfg.clock)
         report = Scheduler(ex, self.cfg, self.progress).run(requests)
         uncached = {r.request_id: r.ttft_s for r in baseline.records}

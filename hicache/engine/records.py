@@ -141,6 +141,7 @@ class Executor(Protocol):
 
     page_tokens: int
     device_pages: int
+    request_overhead_pages: int   # device pages' worth of other bytes a running request pins
     blocking_d2h: bool
 
     def prefetch(self, req: EngineRequest, start_s: float) -> float: ...
@@ -164,9 +165,10 @@ class NullExecutor:
 
     blocking_d2h = False
 
-    def __init__(self, page_tokens: int, device_pages: int):
+    def __init__(self, page_tokens: int, device_pages: int, request_overhead_pages: int = 0):
         self.page_tokens = page_tokens
         self.device_pages = device_pages
+        self.request_overhead_pages = request_overhead_pages
         self.used = 0
 
     def prefetch(self, req: EngineRequest, start_s: float) -> float:
@@ -179,7 +181,8 @@ class NullExecutor:
         return []
 
     def admit(self, job: Job, now: float, first: bool) -> int:
-        job.handle = 0  # pages held
+        job.handle = self.request_overhead_pages  # pages held (its snapshots' share first)
+        self.used += job.handle
         if first:
             job.record.recomputed_tokens = job.prompt_len
         else:
@@ -192,7 +195,7 @@ class NullExecutor:
     def compute(self, job: Job, upto: int) -> bool:
         held = job.handle  # pages held, set by admit
         assert isinstance(held, int)
-        need = -(-upto // self.page_tokens) - held
+        need = -(-upto // self.page_tokens) + self.request_overhead_pages - held
         if need > 0 and self.used + need > self.device_pages:
             return False
         if need > 0:

@@ -289,8 +289,9 @@ class Scheduler:
 
     # -- room ---------------------------------------------------------------------------
     def _footprint(self, req) -> int:
-        """Device pages ``req`` holds at its finish (prompt + output)."""
-        return -(-(len(req.prompt) + len(req.output)) // self.P)
+        """Device pages ``req`` holds at its finish (prompt + output), plus the pages' worth
+        of snapshot bytes it pins when snapshots share the page budget."""
+        return -(-(len(req.prompt) + len(req.output)) // self.P) + self.ex.request_overhead_pages
 
     def _fits(self, req) -> bool:
         """Admission control: may ``req`` start now without taking others' room?"""

@@ -16,7 +16,7 @@ operations; a ``used`` bitmap catches double allocation and double free.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import Callable, Union
 
 import numpy as np
 import torch
@@ -80,6 +80,25 @@ def as_id_array(ids: object, *, what: str = "ids") -> np.ndarray:
     return arr
 
 
+def check_ids(name: str, capacity: int, arr: np.ndarray, used: Callable[[np.ndarray], np.ndarray], *,
+              must_be_used: bool) -> None:
+    """Raise :class:`MisuseError` for ids of ``arr`` out of ``[0, capacity)``, given twice, or
+    (``used(arr)``: their used flags) free when they ``must_be_used`` / used when not."""
+    if arr.size == 0:
+        return
+    bad = arr[(arr < 0) | (arr >= capacity)]
+    if bad.size:
+        raise MisuseError(f"{name}: id {int(bad[0])} out of range [0, {capacity})")
+    uniq, counts = np.unique(arr, return_counts=True)
+    if (counts > 1).any():
+        raise MisuseError(f"{name}: id {int(uniq[counts > 1][0])} given twice")
+    state = used(arr)
+    wrong = arr[~state] if must_be_used else arr[state]
+    if wrong.size:
+        what = "is not allocated (double free?)" if must_be_used else "is already allocated"
+        raise MisuseError(f"{name}: id {int(wrong[0])} {what}")
+
+
 class IndexAllocator:
     """A fixed-capacity allocator of integer ids ``[0, capacity)``; owns no bytes."""
 
@@ -113,19 +132,7 @@ class IndexAllocator:
 
     def check_ids(self, arr: np.ndarray, *, must_be_used: bool) -> None:
         """Raise :class:`MisuseError` for out-of-range, duplicate or wrong-state ids."""
-        if arr.size == 0:
-            return
-        bad = arr[(arr < 0) | (arr >= self.capacity)]
-        if bad.size:
-            raise MisuseError(f"{self.name}: id {int(bad[0])} out of range [0, {self.capacity})")
-        uniq, counts = np.unique(arr, return_counts=True)
-        if (counts > 1).any():
-            raise MisuseError(f"{self.name}: id {int(uniq[counts > 1][0])} given twice")
-        state = self._used[arr]
-        wrong = arr[~state] if must_be_used else arr[state]
-        if wrong.size:
-            what = "is not allocated (double free?)" if must_be_used else "is already allocated"
-            raise MisuseError(f"{self.name}: id {int(wrong[0])} {what}")
+        check_ids(self.name, self.capacity, arr, lambda a: self._used[a], must_be_used=must_be_used)
 
     def free(self, ids: object) -> None:
         """Return ids to the pool. Freeing an id that is not allocated raises."""

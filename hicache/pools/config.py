@@ -1,11 +1,25 @@
 """Pool sizing: from byte budgets to page and snapshot counts per tier.
 
-Each tier's budget is split between history pages and state snapshots by
-``state_share`` (layouts without state put everything into pages)::
+Two budget modes (``budget``):
+
+``split`` (the default): each tier's budget is split between history pages and state
+snapshots by ``state_share`` (0.2 when not given; layouts without state put everything
+into pages)::
 
     device_bytes = 8 GiB, state_share 0.2, page 0.94 MiB, snapshot 4.07 MB
       -> pages     = floor(8 GiB * 0.8 / 0.94 MiB)
       -> snapshots = floor(8 GiB * 0.2 / 4.07 MB)
+
+``shared``: each tier's budget is one arena both kinds draw from
+(:mod:`hicache.pools.arena`); how many pages and snapshots it holds changes as the cache
+runs, and eviction weighs a page run against a snapshot on one scale. ``state_share``,
+when given, is then a *cap* on the bytes snapshots may take (``share x budget``), not a
+reservation; without it there is none. The plan's page and snapshot counts are each kind's
+most (the whole arena, or the cap)::
+
+    device_bytes = 8 GiB, shared, no cap
+      -> arena 8 GiB: up to floor(8 GiB / 0.94 MiB) pages, or floor(8 GiB / 4.07 MB)
+         snapshots, or any mix whose bytes fit
 
 The host budget is ``host_bytes`` or ``host_ratio`` x the device budget; a host budget
 over the available memory minus ``host_reserve_bytes`` is refused, because an oversized
@@ -23,7 +37,7 @@ import torch
 from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
-from hicache.pools.tier import HOST_LAYOUTS, HostLayout
+from hicache.pools.tier import BUDGET_MODES, HOST_LAYOUTS, BudgetMode, HostLayout
 
 GiB = 1024**3
 _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
@@ -36,7 +50,9 @@ ID_BOOKKEEPING_BYTES = 16
 class PoolConfig:
     """Budgets and layouts of the device (L1) and host (L2) pools.
 
-    Counts (``device_pages`` ...) override the byte budgets when given; tests use them.
+    Counts (``device_pages`` ...) override the byte budgets when given (split mode only;
+    tests use them). ``budget`` picks split or shared (see the module docstring);
+    ``state_share`` is the state split (split, default 0.2) or a cap (shared, default none).
     """
 
     device: str = "cpu"
@@ -44,7 +60,8 @@ class PoolConfig:
     host_bytes: int | None = None
     host_ratio: float = 2.0
     host_layout: HostLayout = "page_first"
-    state_share: float = 0.2
+    state_share: float | None = None
+    budget: BudgetMode = "split"
     host_reserve_bytes: int = 2 * GiB
     device_pages: int | None = None
     device_snapshots: int | None = None
@@ -61,11 +78,19 @@ class PoolConfig:
         check_int("host_bytes", hb, minimum=1, optional=True, reason="must be a positive number of bytes")
         r = self.host_ratio
         check_number("host_ratio", r)
-        if not isinstance(self.state_share, (int, float)) or not 0 < self.state_share < 1:
-            raise ConfigError("state_share", self.state_share, "must be between 0 and 1 (exclusive)")
+        share = self.state_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0 < share < 1):
+            raise ConfigError("state_share", share, "must be between 0 and 1 (exclusive)")
+        if self.budget not in BUDGET_MODES:
+            raise ConfigError("budget", self.budget, f"must be one of {list(BUDGET_MODES)}")
+        if self.budget == "shared" and self.host_layout != "page_first":
+            raise ConfigError("host_layout", self.host_layout, "a shared budget needs page_first objects")
         for name in ("device_pages", "device_snapshots", "host_pages", "host_snapshots"):
             v = getattr(self, name)
             check_int(name, v, optional=True)
+            if v is not None and self.budget == "shared":
+                raise ConfigError(name, v, "counts need budget 'split' (a shared arena is sized in bytes)")
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise ConfigError("device", self.device, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
 
@@ -80,13 +105,22 @@ class PoolPlan:
     host_snapshots: int
     page_bytes: int
     snapshot_bytes: int
+    budget: BudgetMode = "split"
+    device_arena: int | None = None       # shared: the device arena's bytes
+    host_arena: int | None = None         # shared: the host arena's bytes
+    device_state_cap: int | None = None   # shared: most bytes snapshots may take (None: no cap)
+    host_state_cap: int | None = None
 
     @property
     def device_bytes(self) -> int:
+        if self.device_arena is not None:
+            return self.device_arena
         return self.device_pages * self.page_bytes + self.device_snapshots * self.snapshot_bytes
 
     @property
     def host_bytes(self) -> int:
+        if self.host_arena is not None:
+            return self.host_arena
         return self.host_pages * self.page_bytes + self.host_snapshots * self.snapshot_bytes
 
 
@@ -116,21 +150,42 @@ def _split(budget: int, field: str, page_bytes: int, snap_bytes: int, share: flo
     return pages, snaps
 
 
+def _arena(budget: int, field: str, page_bytes: int, snap_bytes: int,
+           share: float | None) -> tuple[int, int, int | None]:
+    """A shared arena's most pages, most snapshots and state cap in bytes."""
+    cap = None if share is None or not snap_bytes else int(budget * share)
+    pages = budget // page_bytes
+    snaps = (budget if cap is None else cap) // snap_bytes if snap_bytes else 0
+    if pages < 1:
+        raise ConfigError(field, budget, f"is smaller than one history page ({page_bytes} bytes)")
+    if snap_bytes and snaps < 1:
+        raise ConfigError(field, budget, f"leaves no room for one state snapshot ({snap_bytes} bytes)"
+                          + (f" under state_share={share}" if share is not None else ""))
+    return pages, snaps, cap
+
+
 def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | None = None) -> PoolPlan:
     """Turn budgets into counts, refusing a host pool the machine cannot hold."""
     page_bytes = layout.object_bytes("page")
     snap_bytes = layout.object_bytes("state")
     assert page_bytes > 0, "a layout has at least one history family with bytes"
-    dev_pages, dev_snaps = _split(cfg.device_bytes, "device_bytes", page_bytes, snap_bytes,
-                                  cfg.state_share)
     host_budget = cfg.host_bytes if cfg.host_bytes is not None else int(cfg.device_bytes * cfg.host_ratio)
     host_field = "host_bytes" if cfg.host_bytes is not None else "host_ratio"
-    host_pages, host_snaps = _split(host_budget, host_field, page_bytes, snap_bytes, cfg.state_share)
-    dev_pages = cfg.device_pages if cfg.device_pages is not None else dev_pages
-    dev_snaps = cfg.device_snapshots if cfg.device_snapshots is not None else dev_snaps
-    host_pages = cfg.host_pages if cfg.host_pages is not None else host_pages
-    host_snaps = cfg.host_snapshots if cfg.host_snapshots is not None else host_snaps
-    plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes)
+    if cfg.budget == "shared":
+        dev_pages, dev_snaps, dev_cap = _arena(cfg.device_bytes, "device_bytes", page_bytes, snap_bytes,
+                                               cfg.state_share)
+        host_pages, host_snaps, host_cap = _arena(host_budget, host_field, page_bytes, snap_bytes, cfg.state_share)
+        plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes, "shared",
+                        cfg.device_bytes, host_budget, dev_cap, host_cap)
+    else:
+        share = 0.2 if cfg.state_share is None else cfg.state_share
+        dev_pages, dev_snaps = _split(cfg.device_bytes, "device_bytes", page_bytes, snap_bytes, share)
+        host_pages, host_snaps = _split(host_budget, host_field, page_bytes, snap_bytes, share)
+        dev_pages = cfg.device_pages if cfg.device_pages is not None else dev_pages
+        dev_snaps = cfg.device_snapshots if cfg.device_snapshots is not None else dev_snaps
+        host_pages = cfg.host_pages if cfg.host_pages is not None else host_pages
+        host_snaps = cfg.host_snapshots if cfg.host_snapshots is not None else host_snaps
+        plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes)
     avail = psutil.virtual_memory().available if available_bytes is None else available_bytes
     limit = avail - cfg.host_reserve_bytes
     counts = {"device_pages": dev_pages, "device_snapshots": dev_snaps, "host_pages": host_pages,

@@ -30,16 +30,27 @@ def mha_layout() -> CacheLayout:
 def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, host_snaps=16,
                write_policy="write_through", retention=None, eviction="lru", threshold=2,
                storage="memory://", prefetch_policy="wait_complete", salt="t",
-               host_tier="inclusive", transfer=None) -> HiCache:
+               host_tier="inclusive", transfer=None, budget="split", state_cap=None) -> HiCache:
+    """A cache with these counts (``budget="split"``), or (``"shared"``) one arena per tier
+    of the same bytes: ``pages x page bytes + snaps x snapshot bytes`` (``state_cap``: a
+    state_share cap)."""
+    layout = layout or hybrid_layout()
+    if budget == "shared":
+        page, snap = layout.object_bytes("page"), layout.object_bytes("state")
+        pools = PoolConfig(device="cpu", budget="shared", state_share=state_cap,
+                           device_bytes=device_pages * page + device_snaps * snap,
+                           host_bytes=host_pages * page + host_snaps * snap)
+    else:
+        pools = PoolConfig(device="cpu", device_bytes=1 << 20, host_bytes=1 << 20,
+                           device_pages=device_pages, device_snapshots=device_snaps,
+                           host_pages=host_pages, host_snapshots=host_snaps)
     cfg = HiCacheConfig(
-        pools=PoolConfig(device="cpu", device_bytes=1 << 20, host_bytes=1 << 20,
-                         device_pages=device_pages, device_snapshots=device_snaps,
-                         host_pages=host_pages, host_snapshots=host_snaps),
+        pools=pools,
         tree=TreeConfig(eviction=eviction, retention_interval=retention),
         write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold, host_tier=host_tier),
         storage=StorageConfig(url=storage, salt=salt, prefetch_policy=prefetch_policy,
                               prefetch_threshold_tokens=P))
-    return HiCache(layout or hybrid_layout(), cfg, transfer=transfer)
+    return HiCache(layout, cfg, transfer=transfer)
 
 
 def toks(*pages: int, extra: int = 0) -> np.ndarray:

@@ -3,12 +3,11 @@ retention counts, write policies, all-or-nothing loads, misuse."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from hicache.cache import Boundary
 from hicache.errors import ConfigError, MisuseError
-from tests.cache.conftest import P, Engine, make_cache, mha_layout, node_of, toks
+from tests.cache.conftest import Engine, make_cache, mha_layout, node_of, toks
 
 
 

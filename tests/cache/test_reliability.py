@@ -169,9 +169,10 @@ def cached_pages(cache):
     return sorted((n.node_id, n.on_device, n.on_host) for n in cache._tree.nodes())
 
 
+@pytest.mark.parametrize("budget", ["split", "shared"])
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
-def test_an_allocation_larger_than_the_device_evicts_nothing(policy):
-    eng = Engine(make_cache(mha_layout(), device_pages=8, write_policy=policy))
+def test_an_allocation_larger_than_the_device_evicts_nothing(policy, budget):
+    eng = Engine(make_cache(mha_layout(), device_pages=8, write_policy=policy, budget=budget))
     cache = eng.cache
     for v in (1, 2, 3):
         eng.run(toks(v, v + 10, extra=1))
@@ -187,8 +188,9 @@ def test_an_allocation_larger_than_the_device_evicts_nothing(policy):
     cache.close()
 
 
-def test_an_allocation_blocked_by_pinned_pages_evicts_nothing():
-    eng = Engine(make_cache(mha_layout(), device_pages=8, write_policy="write_through"))
+@pytest.mark.parametrize("budget", ["split", "shared"])
+def test_an_allocation_blocked_by_pinned_pages_evicts_nothing(budget):
+    eng = Engine(make_cache(mha_layout(), device_pages=8, write_policy="write_through", budget=budget))
     cache = eng.cache
     a = toks(1, 2, 3, 4, extra=1)
     eng.run(toks(5, 6, extra=1))

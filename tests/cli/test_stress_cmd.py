@@ -90,3 +90,20 @@ def test_integrity_errors_fail_the_sweep(capsys, monkeypatch):
     assert rc == 1 and out["failed_seeds"] == 2 and out["first_failing_seed"] == 0
     assert out["integrity_errors"] == 2 * (5 + 1)        # after every op and once at the end
     assert out["first_error"] == "op 0: planted invariant"
+
+
+def test_shared_budget_runs_clean_over_seeds(capsys):
+    args = build_parser().parse_args(BASE + ["--budget", "shared", "--device-snapshots", "2", "--host-snapshots", "3"])
+    cache = build_cache(args)
+    try:   # the same bytes as 8 pages + 2 snapshots, as one arena
+        lay = cache.layout
+        assert cache.config.pools.budget == "shared" and cache.pools.device.budget == "shared"
+        assert cache.pools.device.nbytes == 8 * lay.object_bytes("page") + 2 * lay.object_bytes("state")
+    finally:
+        cache.close()
+    rc, out, _ = run_json(capsys, "--budget", "shared", "--device-snapshots", "2", "--host-snapshots", "3",
+                          "--ops", "300", "--seeds", "0-2", "--fault-rate", "0.05", "--write-policy", "write_back",
+                          "--host-tier", "exclusive")
+    assert rc == 0 and out["seeds_run"] == 3 and out["failed_seeds"] == 0
+    assert out["integrity_errors"] == out["mismatched_pages"] == out["crashes"] == 0
+    assert out["verified_pages"] > 0

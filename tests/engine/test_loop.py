@@ -86,6 +86,28 @@ def test_reserve_admission_runs_the_same_pressure_without_preemption():
         assert r.readmission_recomputed_tokens == 0
 
 
+def test_reserve_admission_in_a_shared_arena_counts_pinned_snapshots():
+    """A shared arena holds pages and snapshots in one budget: admission that counted the
+    whole arena as pages let in more requests than their pages plus pinned snapshots fit,
+    and they preempted each other. Counting each request's snapshots, none is preempted."""
+    from hicache.engine.loop import SNAPSHOTS_PER_REQUEST, snapshot_overhead_pages
+
+    reqs = synthetic(conversations=8, seed=3, system_prompts=2, system_len=40, user_len=(4, 20),
+                     output_len=(4, 20), turns=(2, 4), vocab_size=1000, arrival_rate=None)
+    cache = make_cache(device_pages=48, host_pages=30, device_snaps=4, host_snaps=4, budget="shared",
+                       write_policy="write_back", host_tier="exclusive")   # counting only pages: 1 preemption
+    page, state = cache.layout.object_bytes("page"), cache.layout.object_bytes("state")
+    overhead = snapshot_overhead_pages(cache)
+    assert overhead == -(-SNAPSHOTS_PER_REQUEST * state // page) > 0
+    assert snapshot_overhead_pages(make_cache(device_pages=30, device_snaps=4)) == 0   # split: own rows
+    rep = run(cache, reqs, max_running=8, chunk_tokens=4, step_tokens=16)  # admission="reserve"
+    assert rep.preemptions == 0 and rep.mismatched_pages == 0 and rep.verified_pages > 0
+    assert len(rep.records) == len(reqs)
+    assert rep.rejected == 0
+    for r in rep.records:
+        assert r.readmission_recomputed_tokens == 0 and r.hit_tokens + r.recomputed_tokens == r.prompt_tokens
+
+
 def test_greedy_admission_counts_hits_at_first_admission_only():
     reqs = synthetic(conversations=8, seed=3, system_prompts=2, system_len=40, user_len=(4, 20),
                      output_len=(4, 20), turns=(2, 4), vocab_size=1000, arrival_rate=None)

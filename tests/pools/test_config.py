@@ -134,3 +134,45 @@ def test_resolve_device_refuses_unknown_names():
     with pytest.raises(ConfigError) as exc:
         resolve_device("nope")
     assert exc.value.field == "device"
+
+
+def test_shared_plan_is_one_arena_per_tier(configs_dir):
+    lay = flash(configs_dir)
+    page, snap = lay.object_bytes("page"), lay.object_bytes("state")
+    plan = plan_pools(lay, PoolConfig(device_bytes=GiB, host_bytes=2 * GiB, budget="shared"),
+                      available_bytes=100 * GiB)
+    assert plan.budget == "shared" and (plan.device_arena, plan.host_arena) == (GiB, 2 * GiB)
+    assert (plan.device_bytes, plan.host_bytes) == (GiB, 2 * GiB)
+    assert plan.device_pages == GiB // page and plan.device_snapshots == GiB // snap
+    assert plan.device_state_cap is None and plan.host_state_cap is None
+    capped = plan_pools(lay, PoolConfig(device_bytes=GiB, host_bytes=2 * GiB, budget="shared", state_share=0.25),
+                        available_bytes=100 * GiB)
+    assert capped.device_state_cap == GiB // 4 and capped.device_snapshots == (GiB // 4) // snap
+    assert capped.device_pages == GiB // page       # a cap, not a split: pages may use it all
+
+
+def test_shared_pools_size_their_arenas(configs_dir):
+    layout, cfg = load_config(configs_dir / "tiny-hybrid.yaml", budget="shared")
+    assert cfg.pools.budget == "shared" and cfg.pools.state_share == 0.3
+    pools = build_pools(layout, cfg.pools)
+    assert pools.device.budget == pools.host.budget == "shared"
+    assert pools.device.nbytes == cfg.pools.device_bytes and pools.host.nbytes == cfg.pools.host_bytes
+    assert pools.device.arena.state_cap_bytes == int(cfg.pools.device_bytes * 0.3)
+
+
+def test_split_default_share_is_unchanged(configs_dir):
+    lay = flash(configs_dir)
+    a = plan_pools(lay, PoolConfig(device_bytes=GiB, host_ratio=2), available_bytes=100 * GiB)
+    b = plan_pools(lay, PoolConfig(device_bytes=GiB, host_ratio=2, state_share=0.2), available_bytes=100 * GiB)
+    assert a == b
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(budget="both"), "budget"), (dict(budget="shared", device_pages=4), "device_pages"),
+    (dict(budget="shared", host_layout="layer_first"), "host_layout"), (dict(state_share=True), "state_share"),
+])
+def test_budget_bad_input(kwargs, field):
+    with pytest.raises(ConfigError) as exc:
+        PoolConfig(**kwargs)
+    assert exc.value.field == field
+    assert "\n" not in str(exc.value)

@@ -1,0 +1,237 @@
+"""Making room in a shared arena: compaction, then one eviction order for pages and snapshots.
+
+With ``budget: shared`` a tier is one arena (:mod:`hicache.pools.arena`): pages from the
+low end, snapshots from the high end, a free middle between their frontiers. An
+allocation of kind K (page or state) that is short gets room here, owned by
+:class:`~hicache.cache.residency.Residency`::
+
+    while K does not fit:
+        1. compact the OTHER kind's region: move its frontier object into its lowest hole
+           (bytes copied inside the tier's buffer by ``TierPools.move``, then its one owner
+           updated), until the middle is wide enough or the next frontier cannot move
+        2. evict the coldest victim of EITHER kind of this tier (pages: device_victims /
+           host_victims; snapshots: snapshot_victims), compared on one priority scale
+
+K's own region is not compacted for K: its holes already count in ``num_free(K)`` (an
+allocation takes holes first), so moving K's objects would only widen the middle for the
+other kind -- which is what step 1 does when the other kind asks.
+
+One priority scale: a page run's key in the tree's order is ``(alive, node_priority,
+node_id)`` (dead tails first) and a snapshot's ``(snapshot_priority, node_id)``; merged,
+a page run ranks by ``(alive, node_priority)`` and a snapshot by ``(True,
+snapshot_priority)``, so a dead tail goes before any snapshot and otherwise the strategy
+decides which is colder (a tie evicts the snapshot: it frees more bytes, and the run it
+ended becomes a dead tail). Both orders are read afresh for each victim, so a victim's
+eviction (a removed subtree, a snapshot turning a run into a dead tail) is seen at once.
+
+Under write_back a device victim is backed up to the host before it goes (a page run is
+demoted, its end snapshot going down with it), except a *mid-chain* snapshot: one at a node
+with a single child and a snapshot somewhere below. Every request that passes that boundary
+resumes deeper, so its host copy would only take bytes from pages and snapshots that serve
+hits; it is dropped. A branch point's snapshot (two or more children) is always kept.
+
+Who may move: an object owned by the tree (a node's page ids on that tier, a snapshot's
+row) that nothing reads or writes -- for pages no lease lock (a lease's page table holds
+their ids), for snapshots not a running lease's resume snapshot (its row is the lease's
+``snapshot_id``); a snapshot locked only as a lease's newest published one moves, since
+the lease holds the Snapshot, not its row (left in place, it could pin the state frontier
+and starve its own request of pages) -- no load or backup or L3 put in flight, no open
+prefetch pin. Ids held elsewhere (a lease's unpublished pages and snapshots, a
+backup's or a prefetch's destination rows) have no tree owner and never move. Owners are
+found by one scan of the tree per compaction pass.
+
+Feasibility is decided by the caller before anything is evicted (:meth:`Room.feasible`):
+the pinned bytes of both kinds plus the request must fit the arena, and a snapshot request
+its cap. It is a bound on bytes: a pinned object stuck at a region's frontier can still
+leave an allocation short after colder objects were evicted.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
+
+import numpy as np
+
+from hicache.pools import Source, Tier, TierPools
+from hicache.tree import Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
+
+if TYPE_CHECKING:
+    from hicache.cache.residency import Residency
+
+BackupPages = Callable[[Sequence[TreeNode]], None]
+BackupSnapshots = Callable[[Sequence[tuple[TreeNode, Snapshot]]], None]
+T = TypeVar("T")
+_OTHER = {Source.PAGE: Source.STATE, Source.STATE: Source.PAGE}
+
+
+class Room:
+    """Room-making for shared arenas (see module docstring); one per :class:`Residency`."""
+
+    def __init__(self, residency: "Residency"):
+        self._res = residency
+
+    def _pools(self, tier: Tier) -> TierPools:
+        return self._res.pools.tier(tier)
+
+    # -- feasibility ---------------------------------------------------------------------------
+    def feasible(self, tier: Tier, source: Source, n: int) -> bool:
+        """Could compaction and eviction make room for ``n`` objects of ``source``?"""
+        pools = self._pools(tier)
+        arena = pools.arena
+        assert arena is not None, "room-making is for shared arenas"
+        if n > pools.capacity(source):
+            return False
+        tree = self._res._tree
+        pinned = {s: pools.num_used(s) - tree.evictable(tier.value, s.value) for s in (Source.PAGE, Source.STATE)}
+        obj = {s: arena.region(s.value).obj_bytes for s in pinned}
+        if source is Source.STATE and pinned[Source.STATE] + n > pools.capacity(source):
+            return False
+        return sum(pinned[s] * obj[s] for s in pinned) + n * obj[source] <= arena.arena_bytes
+
+    # -- the loop ------------------------------------------------------------------------------
+    def make_room(self, tier: Tier, source: Source, n: int, backup_pages: BackupPages,
+                  backup_snapshots: BackupSnapshots) -> None:
+        """Compact and evict (coldest first, either kind) until ``n`` of ``source`` fit or
+        nothing more can go. ``backup_*`` copy write_back victims to the host first."""
+        pools = self._pools(tier)
+        kept: set[TreeNode] = set()   # device victims that could not go (a subtree read)
+        while pools.num_free(source) < n:
+            if self._compact(tier, _OTHER[source], self._target_extent(pools, source, n)):
+                continue
+            victim = self._next_victim(tier, kept)
+            if victim is None:
+                return
+            if isinstance(victim, TreeNode):
+                if tier is Tier.DEVICE:
+                    if not self._evict_device_node(victim, backup_pages, backup_snapshots):
+                        kept.add(victim)
+                else:
+                    self._res.evict_host_node(victim)
+            else:
+                node, snap = victim
+                if self._res.evict_snapshot(tier, node, snap):
+                    if not _shadowed(node):   # write_back: worth a host copy
+                        backup_snapshots([(node, snap)])
+                    self._res.drop_backed_up_snapshots([(node, snap)])
+
+    @staticmethod
+    def _target_extent(pools: TierPools, source: Source, n: int) -> int:
+        """The other region's largest extent at which ``n`` more ``source`` objects fit."""
+        arena = pools.arena
+        assert arena is not None
+        r = arena.region(source.value)
+        return arena.arena_bytes - (r.n_used + n) * r.obj_bytes
+
+    def _next_victim(self, tier: Tier, kept: set[TreeNode]) -> TreeNode | tuple[TreeNode, Snapshot] | None:
+        tree, strategy = self._res._tree, self._res._policy.strategy
+        order = tree.eviction_order(strategy)
+        if tier is Tier.DEVICE:
+            pages = device_victims(tree, strategy, kept.__contains__ if kept else None)
+            heap = order.device
+        else:
+            pages, heap = host_victims(tree, strategy), order.host
+        node = _first(pages)
+        snap = _first(snapshot_victims(tree, strategy, tier.value))
+        if node is None or snap is None:
+            return node if snap is None else snap
+        pkey = heap.key(node)
+        skey = order.snapshots[tier.value].key(snap[1])
+        assert pkey is not None and skey is not None, "a victim without its order entry"
+        return node if (pkey[0], pkey[1]) < (True, skey[0]) else snap
+
+    def _evict_device_node(self, node: TreeNode, backup_pages: BackupPages,
+                           backup_snapshots: BackupSnapshots) -> bool:
+        """Demote or drop one device victim (write_back: back it up first); False if it stays."""
+        res = self._res
+        if res._policy.write_back and not node.on_host:
+            backup_pages([node])
+            snap = node.snapshot
+            if node.on_host and snap is not None and snap.provisional_owner is None and not _shadowed(node):
+                backup_snapshots([(node, snap)])   # the boundary state goes down with its pages
+            return res.demote_backed_up([node]) == 0
+        return res.drop_device_copy(node)
+
+    # -- compaction ----------------------------------------------------------------------------
+    def _compact(self, tier: Tier, source: Source, target: int) -> bool:
+        """Move ``source``'s frontier objects into its lowest holes until its extent is at
+        most ``target`` or the next one cannot move; True if anything moved."""
+        pools = self._pools(tier)
+        arena = pools.arena
+        assert arena is not None, "compaction is for shared arenas"
+        if pools.extent(source.value) <= target or not arena.region(source.value).holes:
+            return False
+        moves = pools.compaction_moves(source.value)
+        if not moves:
+            return False
+        owners = self._owners(tier, source)
+        moved = 0
+        for old, new in moves:
+            if pools.extent(source.value) <= target:
+                break
+            owner = owners.get(old)
+            if owner is None:
+                break   # the frontier object is held outside the tree or busy: it stays
+            pools.move(source.value, [old], [new])
+            if isinstance(owner, Snapshot):
+                if tier is Tier.DEVICE:
+                    owner.device_id = new
+                else:
+                    owner.host_id = new
+            else:
+                node, pos = owner
+                attr = "device_ids" if tier is Tier.DEVICE else "host_ids"
+                ids = getattr(node, attr).copy()
+                ids[pos] = new
+                setattr(node, attr, ids)
+                owners.update({new: (node, pos)})
+            moved += 1
+        self._res.counters.compaction_moves += moved
+        return moved > 0
+
+    def _owners(self, tier: Tier, source: Source) -> dict[int, tuple[TreeNode, int] | Snapshot]:
+        """Movable ids of ``tier``/``source`` -> their one owner (one scan of the tree)."""
+        out: dict[int, tuple[TreeNode, int] | Snapshot] = {}
+        device = tier is Tier.DEVICE
+        # A lease's lock on its newest published snapshot keeps it from eviction but holds no
+        # row id (the lease refers to the Snapshot), so it may move; a resume snapshot's
+        # device row is the lease's snapshot_id, which the engine reads: it stays.
+        by_id = {id(s) for s in self._res.resume_snapshots()} if device else set()
+        for node in self._res._tree.nodes():
+            if source is Source.PAGE:
+                ids = node.device_ids if device else node.host_ids
+                if ids is not None and _node_still(node):
+                    out.update({int(i): (node, pos) for pos, i in enumerate(np.asarray(ids).tolist())})
+            else:
+                s = node.snapshot
+                if s is None:
+                    continue
+                row = s.device_id if device else s.host_id
+                if row is not None and not s.busy and id(s) not in by_id:
+                    out[row] = s
+        return out
+
+
+def _shadowed(node: TreeNode) -> bool:
+    """Is ``node``'s snapshot a mid-chain one nobody branches from? (One child, and a
+    snapshot attached somewhere below it: the tree keeps ``snapshots_below`` current.)
+    Every request that passes such a boundary resumes deeper, so under write_back its
+    victim copy is not worth host bytes; a branch point's snapshot (two or more children:
+    e.g. a shared system prompt) always is."""
+    return len(node.children) == 1 and node.snapshots_below > 0
+
+
+def _first(items: Iterator[T]) -> T | None:
+    """The first of ``items`` (None when empty), closing the iteration: an eviction order's
+    iterator holds heap entries until it is closed."""
+    try:
+        return next(items, None)
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+
+
+def _node_still(node: TreeNode) -> bool:
+    """Nothing reads or writes ``node``'s page copies now (so its ids may change)."""
+    return (node.lock_device == 0 and node.lock_host == 0 and node.backup_pending == 0
+            and node.load_ticket is None and node.l3_put is None and node.pins == 0)
