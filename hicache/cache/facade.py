@@ -45,6 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from hicache.units import check_int
+from hicache.cache.allocator import Allocator
 from hicache.cache.copies import Copies
 from hicache.cache.l3tier import L3Tier, Prefetch, PutDone
 from hicache.cache.lease import Lease
@@ -83,6 +84,7 @@ class HiCache:
         self._residency = Residency(pools, self._tree, self._policy)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)
+        self._allocator = Allocator(self._residency, self._copies, self._apply)
         self._publisher = Publisher(self._tree, self._policy.retention)
         self._l3 = L3Tier(self.config.storage, layout, self._tree, pools.host, pools.plan.host_bytes,
                           pools.plan.page_bytes)
@@ -170,9 +172,9 @@ class HiCache:
         self._count_hit(lease, loads)
         self._leases[lease.lease_id] = lease
         nodes, snap = self._policy.backup_on_hit(chain, r.snapshot)
-        self._backup_pages(nodes)
+        self._allocator.backup_pages(nodes)
         if snap and r.snapshot is not None:
-            self._backup_snapshots([(chain[-1], r.snapshot)])
+            self._allocator.backup_snapshots([(chain[-1], r.snapshot)])
         self._route_removed()
         if start:
             self._copies.step()
@@ -214,8 +216,8 @@ class HiCache:
         if plan is None:
             return None
         res.hold_sources(plan, +1)  # keep the source rows from host eviction while we make room
-        pages = self._alloc(DEVICE, PAGE, plan.pages) if plan.pages else None
-        state = (self._alloc(DEVICE, STATE, 1)
+        pages = self._allocator.alloc(DEVICE, PAGE, plan.pages) if plan.pages else None
+        state = (self._allocator.alloc(DEVICE, STATE, 1)
                  if plan.snapshot is not None and (pages is None or pages.ok) else None)
         if (pages is not None and not pages.ok) or (state is not None and not state.ok):
             res.hold_sources(plan, -1)
@@ -285,7 +287,7 @@ class HiCache:
         self._lease(lease)
         count = check_int("alloc_pages: n", n, minimum=0, misuse=True)
         assert count is not None
-        res = self._alloc(DEVICE, PAGE, count)
+        res = self._allocator.alloc(DEVICE, PAGE, count)
         if res.ok:
             new = res.ids.tolist()
             lease.page_table.extend(new)
@@ -298,7 +300,7 @@ class HiCache:
         self._lease(lease)
         if not self.layout.object_bytes("state"):
             raise MisuseError("this layout has no state families; publish without a snapshot")
-        res = self._alloc(DEVICE, STATE, 1)
+        res = self._allocator.alloc(DEVICE, STATE, 1)
         if res.ok:
             lease._unpublished_snapshots.add(int(res.ids[0]))
         return res
@@ -323,7 +325,7 @@ class HiCache:
         self._check_publish(lease, toks, num_pages, sid)
         done = self._publisher.publish_pages(lease, toks, num_pages)
         self._residency.free(DEVICE, PAGE, done.duplicates)
-        self._backup_pages(self._policy.backup_on_publish(done.new_nodes))
+        self._allocator.backup_pages(self._policy.backup_on_publish(done.new_nodes))
         for node in done.new_nodes:  # exclusive tier: a recomputed shadow leaves the host
             self._residency.release_host_copy(node)
         outcome = None
@@ -337,7 +339,7 @@ class HiCache:
                 self._residency.release_host_snapshot(offer.regained)  # exclusive: the host copy goes
                 self._drop(offer.drop)
                 if offer.kept is not None and self._policy.backup_snapshot_on_publish(*offer.kept):
-                    self._backup_snapshots([offer.kept])
+                    self._allocator.backup_snapshots([offer.kept])
             else:  # the boundary could not be published (a copy there is still loading)
                 self._residency.free(DEVICE, STATE, [sid])
                 self._publisher.unpublishable()
@@ -404,8 +406,8 @@ class HiCache:
         check_int("finish_prefetch: landed_pages", landed_pages, minimum=0, optional=True, misuse=True)
         plan = self._l3.await_plan(pf, landed_pages)
         if plan is not None:
-            pages = self._alloc(HOST, PAGE, plan.pages)
-            state = self._alloc(HOST, STATE, 1) if pages.ok and plan.state_index is not None else None
+            pages = self._allocator.alloc(HOST, PAGE, plan.pages)
+            state = self._allocator.alloc(HOST, STATE, 1) if pages.ok and plan.state_index is not None else None
             if pages.ok and (state is None or state.ok):
                 self._l3.fetch(pf, pages.ids.numpy(), int(state.ids[0]) if state is not None else None)
             else:
@@ -504,74 +506,6 @@ class HiCache:
             self._l3.forget(removed)
         if detached:
             self._publisher.forget(detached)
-
-    # -- allocation and backups (residency + copies) ------------------------------------------
-    def _alloc(self, tier: Tier, source: Source, n: int) -> AllocResult:
-        """Allocate ``n`` ids, evicting if needed -- but only when eviction can succeed.
-
-        Feasibility comes first: a request for more than the tier could ever free (its
-        capacity, or what is free plus what is not pinned) is refused with nothing evicted,
-        so an impossible ask never wipes the cache for nothing.
-        """
-        res = self._residency
-        short = res.short_of(tier, source, n)
-        if short and res.feasible(tier, source, n):
-            if res.shared(tier):   # one arena: compaction, then pages and snapshots on one scale
-                res.make_room(tier, source, n, lambda nodes: self._backup_pages(nodes, sync=True),
-                              lambda items: self._backup_snapshots(items, sync=True))
-            elif source is PAGE and tier is DEVICE:
-                self._evict_device_pages(short)
-            elif source is PAGE:
-                res.evict_host_pages(short)
-            else:
-                self._evict_snapshots(tier, short)
-        return res.take(tier, source, n)
-
-    def _evict_device_pages(self, need: int) -> None:
-        # write_back frees leaves only once they are backed up, which is what makes their
-        # parents eligible: repeat passes until enough is freed or a pass frees nothing.
-        total = 0
-        while total < need:
-            step = self._residency.evict_device_pages(need - total)
-            got = step.freed
-            if step.to_backup:
-                self._backup_pages(step.to_backup, sync=True)
-                # The boundary state goes down with the pages: without it a host (and later
-                # L3) copy of the prefix could never be resumed from its end.
-                self._backup_snapshots([(n, n.snapshot) for n in step.to_backup
-                                        if n.on_host and n.snapshot is not None
-                                        and n.snapshot.provisional_owner is None])
-                got -= self._residency.demote_backed_up(step.to_backup)
-            if got <= 0:
-                break
-            total += got
-
-    def _evict_snapshots(self, tier: Tier, need: int) -> None:
-        _, to_backup = self._residency.evict_snapshots(tier, need)
-        if to_backup:
-            self._backup_snapshots(to_backup, sync=True)
-            self._residency.drop_backed_up_snapshots(to_backup)
-
-    def _backup_pages(self, nodes: Sequence[TreeNode], *, sync: bool = False) -> None:
-        """Copy these nodes' device pages to new host rows (``sync``: now, ack applied)."""
-        nodes = self._residency.reserve_page_backup(nodes)
-        if not nodes:
-            return
-        tag = self._residency.page_backup(nodes, self._alloc(HOST, PAGE, sum(n.num_pages for n in nodes)))
-        if tag is None:
-            return
-        self._copies.submit(Direction.D2H, PAGE, tag.src, tag.dst, tag)
-        if sync:
-            self._apply(self._copies.run_now(tag))
-
-    def _backup_snapshots(self, items: Sequence[tuple[TreeNode, Snapshot]], *, sync: bool = False) -> None:
-        for node, snap in self._residency.reserve_snapshot_backup(items):
-            tag = self._residency.snapshot_backup(node, snap, self._alloc(HOST, STATE, 1))
-            if tag is None:
-                continue
-            self._copies.submit(Direction.D2H, STATE, np.asarray([tag.src]), np.asarray([tag.dst]), tag)
-            if sync:
-                self._apply(self._copies.run_now(tag))
 
     # -- stats and checks ---------------------------------------------------------------------
     def stats(self) -> dict:
