@@ -95,13 +95,13 @@ class ResidencyCounters:
     device_evicted_pages: int = 0
     device_demoted_pages: int = 0
     host_evicted_pages: int = 0
-    host_released_pages: int = 0
+    host_released_pages: int = 0       # exclusive host tier: host copies freed by a load
     snapshots_evicted_device: int = 0
     snapshots_evicted_host: int = 0
     snapshots_backed_up: int = 0
     snapshots_loaded: int = 0
-    snapshots_released_host: int = 0
-    compaction_moves: int = 0
+    snapshots_released_host: int = 0   # exclusive host tier: host copies freed by a load
+    compaction_moves: int = 0          # shared budget: objects moved inside an arena to make room
 
 
 @dataclass
@@ -125,55 +125,18 @@ class L3Counters:
     l3_prefetched_pages: int = 0
     l3_put_objects: int = 0
     l3_put_dropped: int = 0
-    l3_put_retries: int = 0
-    l3_put_abandoned: int = 0
+    l3_put_retries: int = 0      # objects re-queued after a dropped, refused or failed put
+    l3_put_abandoned: int = 0    # objects given up on after MAX_PUT_RETRIES retries
 
 
 @dataclass
-class CacheStats:
-    """All counters of one cache, gathered from the parts that count them.
+class CacheStats(LookupCounters, ResidencyCounters, PublishCounters, L3Counters):
+    """All counters of one cache, gathered from the parts that count them: the union of
+    the four parts' fields (disjoint by construction), declared once, in those classes.
 
     ``HiCache.counters`` builds one on each access (a copy: writing to it changes
     nothing); ``HiCache.stats()`` returns it as a dict with tier occupancy added.
     """
-
-    matches: int = 0
-    match_tokens: int = 0
-    hit_tokens: int = 0
-    device_hit_tokens: int = 0
-    host_hit_tokens: int = 0
-    l3_hit_tokens: int = 0
-    loads: int = 0
-    load_failures: int = 0
-    load_fallbacks: int = 0
-    loaded_pages: int = 0
-    backups: int = 0
-    backup_failures: int = 0
-    backup_skipped_no_room: int = 0
-    backed_up_pages: int = 0
-    published_pages: int = 0
-    duplicate_pages: int = 0
-    device_evicted_pages: int = 0
-    device_demoted_pages: int = 0
-    host_evicted_pages: int = 0
-    host_released_pages: int = 0       # exclusive host tier: host copies freed by a load
-    snapshots_offered: int = 0
-    snapshots_kept: int = 0
-    snapshots_provisional: int = 0
-    snapshots_duplicate: int = 0
-    snapshots_dropped_retention: int = 0
-    snapshots_dropped_no_room: int = 0
-    snapshots_evicted_device: int = 0
-    snapshots_evicted_host: int = 0
-    snapshots_backed_up: int = 0
-    snapshots_loaded: int = 0
-    snapshots_released_host: int = 0   # exclusive host tier: host copies freed by a load
-    compaction_moves: int = 0          # shared budget: objects moved inside an arena to make room
-    l3_prefetched_pages: int = 0
-    l3_put_objects: int = 0
-    l3_put_dropped: int = 0
-    l3_put_retries: int = 0      # objects re-queued after a dropped, refused or failed put
-    l3_put_abandoned: int = 0    # objects given up on after MAX_PUT_RETRIES retries
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
