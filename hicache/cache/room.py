@@ -25,7 +25,7 @@ ended becomes a dead tail). Both orders are read afresh for each victim, so a vi
 eviction (a removed subtree, a snapshot turning a run into a dead tail) is seen at once.
 
 Under write_back a device victim is backed up to the host before it goes (a page run is
-demoted, its end snapshot going down with it), except a *mid-chain* snapshot: one at a node
+demoted, its end snapshot going down with it), except a *mid-chain* snapshot (`Value.intermediate`): one at a node
 with a single child and a snapshot somewhere below. Every request that passes that boundary
 resumes deeper, so its host copy would only take bytes from pages and snapshots that serve
 hits; it is dropped. A branch point's snapshot (two or more children) is always kept.
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 import numpy as np
 
 from hicache.pools import Source, Tier, TierPools
-from hicache.tree import Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
+from hicache.tree import Snapshot, TreeNode, Value, device_victims, host_victims, snapshot_victims
 
 if TYPE_CHECKING:
     from hicache.cache.residency import Residency
@@ -110,7 +110,7 @@ class Room:
             else:
                 node, snap = victim
                 if self._res.evict_snapshot(tier, node, snap):
-                    if not _shadowed(node):   # write_back: worth a host copy
+                    if not Value.intermediate(node):   # write_back: worth a host copy
                         backup_snapshots([(node, snap)])
                     self._res.drop_backed_up_snapshots([(node, snap)])
 
@@ -146,7 +146,7 @@ class Room:
         if res._policy.write_back and not node.on_host:
             backup_pages([node])
             snap = node.snapshot
-            if node.on_host and snap is not None and snap.provisional_owner is None and not _shadowed(node):
+            if node.on_host and snap is not None and snap.provisional_owner is None and not Value.intermediate(node):
                 backup_snapshots([(node, snap)])   # the boundary state goes down with its pages
             return res.demote_backed_up([node]) == 0
         return res.drop_device_copy(node)
@@ -209,15 +209,6 @@ class Room:
                 if row is not None and not s.busy and id(s) not in by_id:
                     out[row] = s
         return out
-
-
-def _shadowed(node: TreeNode) -> bool:
-    """Is ``node``'s snapshot a mid-chain one nobody branches from? (One child, and a
-    snapshot attached somewhere below it: the tree keeps ``snapshots_below`` current.)
-    Every request that passes such a boundary resumes deeper, so under write_back its
-    victim copy is not worth host bytes; a branch point's snapshot (two or more children:
-    e.g. a shared system prompt) always is."""
-    return len(node.children) == 1 and node.snapshots_below > 0
 
 
 def _first(items: Iterator[T]) -> T | None:
