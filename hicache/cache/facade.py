@@ -236,7 +236,6 @@ class HiCache:
         lease.page_table = np.concatenate([n.device_ids for n in chain]).tolist() if chain else []
         if r.snapshot is not None:
             r.snapshot.last_access = self._tree.clock
-            r.snapshot.hits += 1
             lease._resume_snapshot = r.snapshot
             lease.snapshot_id = r.snapshot.device_id
         return lease

@@ -98,7 +98,7 @@ class Snapshot:
     """
 
     __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
-                 "loading", "load_ticket", "last_access", "hits", "_node", "_counted")
+                 "loading", "load_ticket", "last_access", "_node", "_counted")
     device_id: int | None
     host_id: int | None
     lock: int
@@ -108,7 +108,6 @@ class Snapshot:
     loading: bool
     load_ticket: "LoadTicket | None"
     last_access: float
-    hits: int
     _node: "TreeNode | None"
     _counted: tuple[int, int]
 
@@ -126,7 +125,6 @@ class Snapshot:
         _set(self, "loading", loading)
         _set(self, "load_ticket", None)  # the H2D copy filling the device copy, once submitted
         _set(self, "last_access", last_access)
-        _set(self, "hits", 0)       # requests that resumed from it
 
     def __setattr__(self, name: str, value: object) -> None:
         _set(self, name, value)
