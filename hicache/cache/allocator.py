@@ -69,10 +69,15 @@ class Allocator:
             if step.to_backup:
                 self.backup_pages(step.to_backup, sync=True)
                 # The boundary state goes down with the pages: without it a host (and later
-                # L3) copy of the prefix could never be resumed from its end.
+                # L3) copy of the prefix could never be resumed from its end. Synchronously,
+                # like the pages: a snapshot backup in flight makes its node busy, and a busy
+                # leaf pins its parent's subtree, so the next pass could neither back up the
+                # parent (the leaf's host copy is not evictable) nor drop it -- the
+                # allocation failed with the tree reporting pages evictable (issue 14's
+                # livelock under greedy admission).
                 self.backup_snapshots([(n, n.snapshot) for n in step.to_backup
                                         if n.on_host and n.snapshot is not None
-                                        and n.snapshot.provisional_owner is None])
+                                        and n.snapshot.provisional_owner is None], sync=True)
                 got -= self._residency.demote_backed_up(step.to_backup)
             if got <= 0:
                 break

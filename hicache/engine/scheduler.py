@@ -326,12 +326,21 @@ class Scheduler:
             self.admissible_s.pop(rid, None)
         if dropped and self._compute(job, target):
             return True
+        preempted = False
         for other in sorted((j for j in self.running if j is not job), key=lambda j: -j.req.request_id):
             if other.req.request_id < job.req.request_id:
                 break  # older requests keep their pages
             self._preempt(other)
+            preempted = True
             if self._compute(job, target):
                 return True
+        # The evictions those tries made start copies of their own (a victim's host copy is
+        # put to L3 at once), and a copy in flight pins its node: what the preemptions freed
+        # may be reachable only once they land. Without this, the request gave up, was
+        # preempted, and the same requests cycled (issue 14's livelock).
+        if preempted:
+            self.ex.drain()
+            return self._compute(job, target)
         return False
 
     def _compute(self, job: Job, target: int) -> bool:

@@ -3,6 +3,8 @@ backed up only when it can still serve a hit (issue 14)."""
 
 import pytest
 
+from hicache.cache import Boundary
+
 from tests.cache.conftest import Engine, make_cache, mha_layout, node_of, toks
 
 
@@ -61,3 +63,31 @@ def test_without_state_every_write_back_victim_is_demoted_under_value():
     assert eng.cache.counters.backed_up_pages == 2 and eng.cache.counters.device_evicted_pages == 0
     assert eng.cache.match(a).resume_tokens == 8
     eng.cache.check_integrity()
+
+
+@pytest.mark.parametrize("eviction", ["lru", "value"])
+def test_a_write_back_eviction_reaches_past_a_leaf_whose_snapshot_it_just_backed_up(eviction):
+    # The device holds one chain: B (4 pages, no snapshot) -> C (1 page, snapshot). A new
+    # request needs 5 pages: C goes down first (page and snapshot), then B, whose backup
+    # needs the whole host, so C's fresh host copy must make way. C's snapshot backup used
+    # to be left in flight: C stayed busy, its host copy could not be evicted and B could
+    # be neither backed up nor dropped -- the allocation failed with 5 pages evictable,
+    # which under greedy admission became a preemption livelock (issue 14). (No L3 here: an
+    # L3 put of C's fresh host copy would pin it too, until a drain; the scheduler drains
+    # and retries after preempting, tests/engine/test_livelock.py.)
+    eng = Engine(make_cache(device_pages=6, device_snaps=2, host_pages=4, host_snaps=2, storage="none://",
+                            write_policy="write_back", host_tier="exclusive", eviction=eviction))
+    cache = eng.cache
+    a = toks(1, 2, 3, 4, 5, extra=1)
+    _, lease = eng.start(a)
+    eng.publish(lease, a, 4, snapshot=False)
+    eng.publish(lease, a, 5, Boundary.FINISH)
+    cache.release(lease)
+    cache.drain()
+    assert cache.pools.device.num_free("page") == 1
+    _, other = eng.start(toks(7, extra=1))
+    assert cache.alloc_pages(other, 5).ok
+    assert node_of(cache, toks(1, 2, 3, 4)).host_ids is not None    # B was demoted, not lost
+    cache.check_integrity()
+    cache.release(other)
+    cache.close()
