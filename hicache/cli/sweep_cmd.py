@@ -12,6 +12,10 @@ pages in tokens (with ``--budget shared``: the tokens our device + host bytes ho
 snapshot per mean prompt, :func:`hicache.engine.kvsim.shared_capacity_tokens`), scaled into
 its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib`` is the budget to pass to
 ``kvcache-simulator run --budgets-gib`` to reproduce ``sim_lru`` / ``sim_optimal``.
+
+L3 is off unless ``--storage`` names one: the simulator is given device + host bytes only,
+and an L3 would add bytes it does not have (an in-process ``memory://`` store would also
+outlive each point and serve the next point's replay from the previous one's objects).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from hicache.cli.replay_cmd import (Workload, add_cache_args, add_engine_args, a
                                     engine_config, load_cache_config, load_requests, replay_once)
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
+
+NO_L3 = "none://"
 
 POINT_KEYS = ("device_gib", "host_gib", "device_pages", "host_pages", "hit_rate", "hit_rate_last_half",
               "sim_gib", "sim_blocks", "sim_status", "sim_lru", "sim_optimal", "device_hit_tokens",
@@ -85,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from hicache.engine import kvsim
 
     hosts = parse_budgets(args.host_gib)
+    if args.storage is None:
+        args.storage = NO_L3   # same bytes as the simulator (module docstring)
     check_output("--plot", args.plot)
     work = load_requests(args)
     n = len(work.requests)
@@ -106,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
-           "budget": cfg.pools.budget if cfg is not None else None}
+           "budget": cfg.pools.budget if cfg is not None else None,
+           "storage": cfg.storage.url if cfg is not None else None}
     out.update(work.trace_info)
     if not args.no_sim and kvsim.available():
         assert cfg is not None, "parse_budgets returns at least one budget"
