@@ -52,6 +52,24 @@ class MatchResult:
     def compute_tokens(self) -> int:
         return len(self.tokens) - self.resume_tokens
 
+    @property
+    def branch_tokens(self) -> int:
+        """Where this prompt leaves the cached history with no snapshot to resume from
+        there: ``history_tokens`` when that lies past the resume point and before the
+        prompt's last whole page; else 0. The history stops there because the tree goes
+        on another way (or ends): a request whose prefill chunk ends exactly there and
+        publishes with ``Boundary.BRANCH`` leaves a resume point at the fork, so every
+        later request sharing the prefix (a shared system prompt, the sampled rollouts of
+        one prompt) resumes at the fork instead of at the last snapshot before it::
+
+            cached:   [sys prompt ........ | task A ...]      snapshot only at A's end
+            request:  [sys prompt ........ | task B ...]      resume 0, history = |sys|
+                                           ^ branch_tokens: publish a snapshot here
+        """
+        h = self.history_tokens
+        last = len(self.tokens) // self.page_tokens * self.page_tokens
+        return h if self.resume_tokens < h < last else 0
+
 
 @dataclass(frozen=True)
 class PublishResult:

@@ -156,7 +156,9 @@ class CacheExecutor:
         prompt = np.asarray(req.prompt, np.int32)
         tokens = np.concatenate([prompt, np.asarray(req.output, np.int32)])
         hashes = self.cache.page_hashes(tokens)
-        lease = self.cache.load(self.cache.match(prompt), start=False)
+        match = self.cache.match(prompt)
+        job.branch = match.branch_tokens
+        lease = self.cache.load(match, start=False)
         job.handle = _Held(lease, tokens, hashes)
         hit = lease.resume_tokens
         if first:

@@ -132,6 +132,7 @@ class Job:
     prompt_len: int
     total_len: int          # prompt + output
     done: int = 0           # tokens computed (or resumed)
+    branch: int = 0         # a prefill chunk ends here, with a snapshot (MatchResult.branch_tokens)
     verified: bool = False
     handle: object = None
 

@@ -227,6 +227,8 @@ class Scheduler:
                 chunk = max(min(self.cfg.chunk_tokens, budget) // self.P * self.P, self.P)
                 target = min(job.done - job.done % self.P + chunk, job.prompt_len)
                 why = Boundary.PROMPT_END if target == job.prompt_len else Boundary.PREFILL
+                if job.done < job.branch < target:   # leave a resume point at the fork
+                    target, why = job.branch, Boundary.BRANCH
                 ok = self._make_room(job, target)
                 if ok:
                     self.ex.publish(job, why)

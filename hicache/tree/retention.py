@@ -26,6 +26,7 @@ class Boundary(str, Enum):
     PREFILL = "prefill"        # after a prefill chunk, mid-flight
     PROMPT_END = "prompt_end"  # the deepest page boundary of the prompt
     FINISH = "finish"          # the deepest page boundary after decoding
+    BRANCH = "branch"          # where the prompt leaves a cached path (MatchResult.branch_tokens)
 
 
 class Decision(str, Enum):

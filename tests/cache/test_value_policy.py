@@ -91,3 +91,24 @@ def test_a_write_back_eviction_reaches_past_a_leaf_whose_snapshot_it_just_backed
     cache.check_integrity()
     cache.release(other)
     cache.close()
+
+
+def test_a_branch_snapshot_lets_every_later_sibling_resume_at_the_fork():
+    eng = Engine(make_cache(device_pages=16, device_snaps=4, retention=4096, eviction="value"))
+    cache = eng.cache
+    eng.run(toks(1, 2, 3, 4, extra=1))             # one snapshot, at A's end (page 4)
+    b = toks(1, 2, 5, 6, extra=1)
+    m = cache.match(b)
+    assert (m.resume_tokens, m.history_tokens, m.branch_tokens) == (0, 8, 8)
+    assert cache.match(toks(1, 2, 3, 4, 7, extra=1)).branch_tokens == 0   # resumes at A's end
+    assert cache.match(toks(1, 2, extra=1)).branch_tokens == 0            # the fork is its prompt end
+    _, lease = eng.start(b)
+    eng.publish(lease, b, 2, Boundary.BRANCH)      # the chunk ends at the fork, with a snapshot
+    eng.publish(lease, b, 4, Boundary.PROMPT_END)
+    cache.release(lease)
+    fork = node_of(cache, toks(1, 2))
+    assert len(fork.children) == 2 and fork.snapshot is not None and fork.snapshot.device_id is not None
+    c = cache.match(toks(1, 2, 8, 9, extra=1))
+    assert (c.resume_tokens, c.branch_tokens) == (8, 0)
+    cache.check_integrity()
+    cache.close()
