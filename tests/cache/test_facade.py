@@ -82,7 +82,7 @@ def test_device_eviction_demotes_to_shadow_and_loads_back():
     eng.run(x)
     eng.cache.drain()
     assert node_of(eng.cache, x[:8]).on_host
-    eng.run(toks(3, 4, 5, extra=1))                # needs 3 of 4 device pages: x is demoted
+    eng.run(toks(3, 4, 5, 6, extra=1))             # needs all 4 device pages: x is demoted
     node = node_of(eng.cache, x[:8])
     assert node.is_shadow
     m = eng.cache.match(x)
@@ -92,7 +92,8 @@ def test_device_eviction_demotes_to_shadow_and_loads_back():
     eng.cache.release(lease)
     eng.cache.drain()
     c = eng.cache.counters
-    assert (c.device_demoted_pages, c.loaded_pages, c.host_hit_tokens) == (5, 2, 8)
+    # x's 2 pages, then the last 2 of [3..6] to load x back: a victim gives only what is asked
+    assert (c.device_demoted_pages, c.loaded_pages, c.host_hit_tokens) == (4, 2, 8)
     eng.cache.check_integrity()
 
 
@@ -206,7 +207,7 @@ def test_write_back_backs_up_only_on_eviction():
     eng.run(a)
     eng.cache.drain()
     assert not node_of(eng.cache, a[:8]).on_host
-    eng.run(toks(3, extra=1))
+    eng.run(toks(3, 5, extra=1))                   # both device pages: all of A goes
     assert node_of(eng.cache, a[:8]).is_shadow
     m = eng.cache.match(a)
     assert (m.resume_tokens, m.host_tokens, m.snapshot_tier) == (8, 8, "device")
@@ -220,7 +221,7 @@ def test_exclusive_host_tier_moves_pages_instead_of_copying():
     host = eng.cache.pools.host
     a = toks(1, 2, extra=1)
     eng.run(a)
-    eng.run(toks(3, extra=1))                       # evicts A: backed up, now a shadow
+    eng.run(toks(3, 5, extra=1))                    # evicts A: backed up, now a shadow
     na = node_of(eng.cache, a[:8])
     assert na.is_shadow and host.num_used("page") == 2
     assert eng.cache.counters.backed_up_pages == 2
@@ -228,15 +229,15 @@ def test_exclusive_host_tier_moves_pages_instead_of_copying():
     assert na.on_host                               # ... its host rows go when the ack is processed
     eng.cache.poll()
     assert na.on_device and not na.on_host
-    # A's two rows freed; the one row in use is page 3, evicted to make room for A
-    assert host.num_used("page") == 1 and eng.cache.counters.host_released_pages == 2
-    assert node_of(eng.cache, toks(3)).is_shadow
+    # A's two rows freed; the two rows in use are [3, 5], evicted to make room for A
+    assert host.num_used("page") == 2 and eng.cache.counters.host_released_pages == 2
+    assert node_of(eng.cache, toks(3, 5)).is_shadow
     if na.snapshot is not None:
         assert na.snapshot.host_id is None
     eng.cache.release(lease)
-    eng.run(toks(4, extra=1))                       # evicted again: backed up again, bytes intact
-    # A (2) + page 3 (1) + A again (2): every eviction of a page without a host copy copies it
-    assert node_of(eng.cache, a[:8]).is_shadow and eng.cache.counters.backed_up_pages == 5
+    eng.run(toks(4, 6, extra=1))                    # evicted again: backed up again, bytes intact
+    # A (2) + [3, 5] (2) + A again (2): every eviction of a page without a host copy copies it
+    assert node_of(eng.cache, a[:8]).is_shadow and eng.cache.counters.backed_up_pages == 6
     _, lease = eng.start(a)
     assert lease.resume_tokens == 8 and eng.verified == 4     # both loads of A checked byte for byte
     eng.cache.release(lease)

@@ -116,7 +116,7 @@ def test_replay_with_redis_writes_labelled_metrics(tmp_path, capsys):
         # write_back with a host tier larger than the device: pages leave both upper tiers
         # and come back from Redis (wait_complete: admission waits for the prefetch).
         rc = main(["replay", "--config", "deepseek-v4-flash", "--conversations", "6", "--write-policy",
-                   "write_back", "--device-pages", "16", "--host-pages", "24", "--prefetch-policy", "wait_complete",
+                   "write_back", "--device-pages", "16", "--host-pages", "20", "--prefetch-policy", "wait_complete",
                    "--storage", server.url, "--quiet", "--json", "--metrics-out", str(out)])
     finally:
         server.close()

@@ -227,7 +227,7 @@ def gated_l3(monkeypatch):
 
 
 def test_exclusive_page_loaded_during_its_l3_put_leaves_the_host_when_the_put_ends(gated_l3):
-    cache = make_cache(mha_layout(), device_pages=3, host_pages=8, write_policy="write_back",
+    cache = make_cache(mha_layout(), device_pages=2, host_pages=8, write_policy="write_back",
                        host_tier="exclusive")
     eng = Engine(cache)
     a = toks(1, 2, extra=1)

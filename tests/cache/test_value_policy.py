@@ -15,7 +15,7 @@ def test_a_dead_tail_is_dropped_not_demoted_under_value(eviction, backed_up):
     _, lease = eng.start(a)
     eng.publish(lease, a, 2, snapshot=False)        # no snapshot: no request can resume in A
     eng.cache.release(lease)
-    eng.run(toks(3, extra=1))                       # needs a device page: A is the victim
+    eng.run(toks(3, 4, extra=1))                    # needs both device pages: A is the victim
     assert eng.cache.counters.backed_up_pages == backed_up
     assert eng.cache.pools.host.num_used("page") == backed_up
     assert eng.cache.counters.device_evicted_pages == 2 - backed_up
@@ -60,8 +60,10 @@ def test_without_state_every_write_back_victim_is_demoted_under_value():
     a = toks(1, 2, extra=1)
     eng.run(a)
     eng.run(toks(3, extra=1))                       # A is the victim: backed up, then demoted
-    assert eng.cache.counters.backed_up_pages == 2 and eng.cache.counters.device_evicted_pages == 0
-    assert eng.cache.match(a).resume_tokens == 8
+    # only the page asked for goes (the head of A stays on the device, still a prefix)
+    assert eng.cache.counters.backed_up_pages == 1 and eng.cache.counters.device_evicted_pages == 0
+    m = eng.cache.match(a)
+    assert (m.resume_tokens, m.device_tokens, m.host_tokens) == (8, 4, 4)
     eng.cache.check_integrity()
 
 
