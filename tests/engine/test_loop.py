@@ -126,3 +126,21 @@ def test_unknown_admission_policy_is_a_config_error():
 
     with pytest.raises(ConfigError, match="admission"):
         EngineConfig(admission="fifo")
+
+
+def test_a_request_leaving_a_cached_path_leaves_a_resume_point_at_the_fork():
+    # A is cached with one snapshot, at its end; B shares A's first 3 pages (12 tokens of
+    # 4-token pages) and goes on elsewhere. B's first chunk ends at the fork, so C, a third
+    # prompt with the same first 3 pages, resumes there instead of at 0.
+    from hicache.engine.workloads.request import Request
+
+    shared = np.arange(12, dtype=np.int32) + 1
+    a = np.concatenate([shared, np.arange(20, dtype=np.int32) + 100])
+    b = np.concatenate([shared, np.arange(20, dtype=np.int32) + 200])
+    c = np.concatenate([shared, np.arange(20, dtype=np.int32) + 300])
+    out = np.arange(3, dtype=np.int32) + 900
+    reqs = [Request(i, f"c{i}", 0, float(i), p, out) for i, p in enumerate((a, b, c))]
+    cache = make_cache(device_pages=40, device_snaps=8, retention=4096, eviction="value")
+    rep = run(cache, reqs, max_running=1, chunk_tokens=64)
+    assert [r.hit_tokens for r in rep.records] == [0, 0, 12]
+    assert rep.mismatched_pages == 0
