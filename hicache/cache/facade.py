@@ -51,8 +51,9 @@ from hicache.cache.l3tier import L3Tier, Prefetch, PutDone
 from hicache.cache.lease import Lease
 from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
 from hicache.cache.publisher import Publisher
-from hicache.cache.residency import Load, PageBackup, Residency, SnapshotBackup
+from hicache.cache.residency import Residency
 from hicache.cache.results import CacheStats, LookupCounters, MatchResult, PublishResult
+from hicache.cache.tags import Load, PageBackup, SnapshotBackup
 from hicache.cache.tokens import as_tokens
 from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError

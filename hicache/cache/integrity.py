@@ -23,7 +23,7 @@ from hicache.cache.copies import Copies
 from hicache.cache.l3tier import L3Tier
 from hicache.cache.lease import Lease
 from hicache.cache.publisher import Publisher
-from hicache.cache.residency import PageBackup, SnapshotBackup
+from hicache.cache.tags import PageBackup, SnapshotBackup
 from hicache.pools import TieredPools
 from hicache.tree import RadixTree, Snapshot, TreeNode
 

@@ -29,65 +29,16 @@ the facade forwards to the parts that keep such objects in their own tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, NamedTuple
+from typing import Callable, Iterable
 
 import numpy as np
 
 from hicache.cache.policy import PlacementPolicy
 from hicache.cache.results import ResidencyCounters
 from hicache.cache.room import BackupPages, BackupSnapshots, Room
+from hicache.cache.tags import EvictionPass, Load, LoadPlan, PageBackup, SnapshotBackup
 from hicache.pools import AllocResult, Source, Tier, TieredPools
-from hicache.tree import LoadTicket, RadixTree, Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
-
-
-@dataclass(eq=False)
-class PageBackup:
-    """An in-flight D2H copy of the pages of ``nodes`` (device ids -> host ids)."""
-
-    nodes: list[TreeNode]
-    src: np.ndarray
-    dst: np.ndarray
-
-
-@dataclass(eq=False)
-class SnapshotBackup:
-    """An in-flight D2H copy of one snapshot's device row into a new host row."""
-
-    node: TreeNode
-    snap: Snapshot
-    src: int
-    dst: int
-
-
-@dataclass(eq=False)
-class Load:
-    """An in-flight H2D copy for one lease: its shadow nodes, or its snapshot.
-
-    The nodes are host-locked (``lock_host``) until the ack so their source rows stay.
-    """
-
-    nodes: list[TreeNode] = field(default_factory=list)
-    page_dst: np.ndarray | None = None
-    snap: Snapshot | None = None
-    snap_src: int | None = None
-    snap_dst: int | None = None
-    ticket: LoadTicket | None = None   # its copy's handle, once submitted
-
-
-class LoadPlan(NamedTuple):
-    """What a resume point needs loaded: shadow nodes (root-first) and/or its snapshot."""
-
-    shadows: list[TreeNode]
-    pages: int
-    snapshot: Snapshot | None   # a host-only snapshot to load, or None
-
-
-class EvictionPass(NamedTuple):
-    """One pass of device eviction: ids freed, and (write_back) victims to back up first."""
-
-    freed: int
-    to_backup: list[TreeNode]
+from hicache.tree import RadixTree, Snapshot, TreeNode, device_victims, host_victims, snapshot_victims
 
 
 class Residency:

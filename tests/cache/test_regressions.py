@@ -58,7 +58,7 @@ def test_failed_load_of_a_chain_of_shadows_is_rolled_back():
 
 
 def test_no_load_below_a_node_that_is_still_loading():
-    from hicache.cache.residency import Load
+    from hicache.cache.tags import Load
 
     cache, faults = faulty_cache(device_pages=8)
     eng = Engine(cache)

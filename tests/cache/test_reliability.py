@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hicache.cache.residency import Load
+from hicache.cache.tags import Load
 from hicache.errors import MisuseError, TransferError
 from hicache.transfer import TransferConfig
 from tests.cache.conftest import Engine, make_cache, mha_layout, toks
