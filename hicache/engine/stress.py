@@ -69,6 +69,7 @@ class _Req:
     prompt_len: int
     done_tokens: int           # tokens computed so far (a multiple of P until the end)
     hashes: list[bytes]
+    branch: int = 0            # a chunk ends here with a snapshot (MatchResult.branch_tokens)
 
 
 class StressRunner:
@@ -119,7 +120,7 @@ class StressRunner:
             self.report.l3_tokens += self.cache.finish_prefetch(self.cache.prefetch(m))
             m = self.cache.match(prompt)
         lease = self.cache.load(m)
-        req = _Req(lease, tokens, len(prompt), lease.resume_tokens, self._hashes(tokens))
+        req = _Req(lease, tokens, len(prompt), lease.resume_tokens, self._hashes(tokens), m.branch_tokens)
         self.report.requests += 1
         if not lease.wait():
             self.report.failed_loads += 1
@@ -149,9 +150,12 @@ class StressRunner:
         if req.done_tokens < req.prompt_len:
             step = self.P * int(self.rng.integers(*self.cfg.chunk_pages, endpoint=True))
             target = min(req.done_tokens - req.done_tokens % self.P + step, req.prompt_len)
+            why = Boundary.PROMPT_END if target == req.prompt_len else Boundary.PREFILL
+            if req.done_tokens < req.branch < target:   # the fork, as the reference engine does
+                target, why = req.branch, Boundary.BRANCH
             if not self._compute(req, target):
                 return self._abort(req)
-            self._publish(req, Boundary.PROMPT_END if target == req.prompt_len else Boundary.PREFILL)
+            self._publish(req, why)
             return
         if not self._compute(req, len(req.tokens)):
             return self._abort(req)
