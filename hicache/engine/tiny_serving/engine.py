@@ -84,6 +84,7 @@ class _Running:
     prompt_len: int
     done: int                   # tokens computed (seq.length)
     final_snapshot: int | None = None
+    branch: int = 0             # a prefill chunk ends here, with a snapshot (MatchResult.branch_tokens)
 
 
 class TinyEngine:
@@ -119,7 +120,8 @@ class TinyEngine:
         return PagedSequenceCache.resume(self.model.cfg, pools, lease.page_table[: lease.resume_pages],
                                          lease.snapshot_id, lease.resume_tokens)
 
-    def _load(self, prompt: np.ndarray) -> Lease:
+    def _load(self, prompt: np.ndarray) -> tuple[Lease, int]:
+        """The request's lease, and the fork its first chunks should stop at (0: none)."""
         cache = self.cache
         m = cache.match(prompt)
         if self.cfg.prefetch:
@@ -131,8 +133,8 @@ class TinyEngine:
             cache.release(lease)
             cache.poll()  # apply the failure: its destination rows go back to the pool
             self.report.load_failures += 1
-            lease = cache.load(cache.match(prompt[:1]))
-        return lease
+            return cache.load(cache.match(prompt[:1])), 0
+        return lease, m.branch_tokens
 
     def _admit(self, req: EngineRequest) -> _Running | None:
         """Load the request's prefix and reserve device pages for all of it (prompt and
@@ -143,7 +145,7 @@ class TinyEngine:
         if full.size and (int(full.min()) < 0 or int(full.max()) >= self.model.cfg.vocab):
             raise MisuseError(f"request {req.request_id}: token ids must be in [0, {self.model.cfg.vocab}) "
                               "for the tiny model (generate the workload with vocab_size=cfg.vocab)")
-        lease = self._load(prompt)
+        lease, branch = self._load(prompt)
         need = -(-len(full) // self.P) - len(lease.page_table)
         pages = self.cache.alloc_pages(lease, need) if need > 0 else None
         if pages is not None and not pages.ok:
@@ -167,7 +169,7 @@ class TinyEngine:
         found = ref.verify_resume(seq, self.cache.pools.device, hit, lease.snapshot_id)
         rec.verified_pages += found.verified
         rec.mismatched_pages += found.mismatched
-        return _Running(req, rec, lease, seq, ref, tokens, full, len(prompt), done=hit)
+        return _Running(req, rec, lease, seq, ref, tokens, full, len(prompt), done=hit, branch=branch)
 
     # -- computing through the cache ---------------------------------------------------------
     def _sync_pages(self, run: _Running) -> None:
@@ -202,8 +204,10 @@ class TinyEngine:
         final_boundary = len(run.tokens) // P * P
         if done < prompt_boundary:
             upto = min(done - done % P + self.cfg.chunk_pages * P, prompt_boundary)
-            self._compute(run, upto)
             why = Boundary.PROMPT_END if upto == prompt_boundary else Boundary.PREFILL
+            if done < run.branch < upto:   # leave a resume point at the fork
+                upto, why = run.branch, Boundary.BRANCH
+            self._compute(run, upto)
             self._publish(run, upto, why, self._save_snapshot(run))
             return False
         upto = run.prompt_len if done < run.prompt_len else min(done + self.cfg.decode_tokens, len(run.tokens))

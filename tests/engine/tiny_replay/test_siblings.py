@@ -40,3 +40,20 @@ def test_two_requests_computing_the_same_prefix_at_once():
     assert cache.stats()["duplicate_pages"] == 6          # pages 0..5 of the shared 100 tokens
     assert_exact(report, checked=150 + 170)
     cache.close()
+
+
+def test_a_fork_snapshot_is_exact_and_later_siblings_resume_at_it():
+    """``a`` (70-token prompt) keeps snapshots at 32, 64 and its finish. ``b`` shares its
+    first 48 tokens and goes on elsewhere: its first chunk stops at the fork (48, a
+    Boundary.BRANCH snapshot of real model state, not a chunk boundary of ``a``). ``c``,
+    sharing the same 48 tokens, resumes there -- at 32 without the fork -- and every logit
+    it computes matches the no-cache recompute."""
+    cache = small_cache(device_pages=32, device_snapshots=8, host_pages=48)
+    shared = BASE[:48]
+    a = request(0, np.concatenate([shared, toks(41, 22)]), toks(42, 8))
+    b = request(1, np.concatenate([shared, toks(43, 30)]), toks(44, 8), arrival=10.0)
+    c = request(2, np.concatenate([shared, toks(45, 30)]), toks(46, 8), arrival=20.0)
+    report = serve(cache, [a, b, c], chunk_pages=2)
+    assert [r.hit_tokens for r in report.records] == [0, 32, 48]
+    assert_exact(report)
+    cache.close()
