@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 from enum import Enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -64,6 +64,7 @@ class Op:
     known_layers: frozenset   # every layer id of the layout
     batch: "Batch | None" = None
     cancel_error: str | None = None  # failed before launch (shutdown)
+    after: list["Op"] = field(default_factory=list)  # unacked ops of the other direction writing its src rows
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,9 @@ class TransferController:
         else:
             self._exec = CpuExecutor(self.backend, cfg.cpu_threads, fault_injector)
         self._pending: list[Op] = []
+        # (tier, source) -> row -> the unacked op writing it: a later op reading the row
+        # depends on that op even after its batch has left ``_inflight``.
+        self._writers: dict[tuple[str, str], dict[int, Op]] = {}
         self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
         self._ready: list[Ack] = []
         self._unacked_ops = 0
@@ -108,6 +111,15 @@ class TransferController:
         nbytes = int(src.size) * self._unit_bytes[source]
         op = Op(self._seq, kind, direction, source, src, dst, tag, owns_dst, nbytes,
                 self._layers[source] if src.size else frozenset(), self._all_layers)
+        src_tier, dst_tier = ("device", "host") if direction == "d2h" else ("host", "device")
+        writers = self._writers.get((src_tier, source), {})
+        for r in src.tolist():
+            w = writers.get(r)
+            if w is not None and w not in op.after:
+                op.after.append(w)
+        mine = self._writers.setdefault((dst_tier, source), {})
+        for r in dst.tolist():
+            mine[r] = op
         self._seq += 1
         self._pending.append(op)
         self._unacked_ops += 1
@@ -193,6 +205,13 @@ class TransferController:
             for direction, dops in phase:
                 b = self._make_batch(direction, dops)
                 b.deps = [o for o in self._inflight[OTHER[direction]] if b.conflicts(o)]
+                # A writer of our source rows acked (failed) before we launched has left
+                # _inflight: depend on its batch all the same, so its failure reaches us.
+                for op in dops:
+                    for w in op.after:
+                        if w.batch is not None and w.batch.direction != direction and w.batch not in b.deps:
+                            b.deps.append(w.batch)
+                    op.after = []   # no chains of finished ops kept alive
                 for op in dops:
                     op.batch = b
                 self._inflight[direction].append(b)
@@ -203,6 +222,11 @@ class TransferController:
 
     # -- completion -----------------------------------------------------------------------
     def _ack(self, op: Op, error: str | None) -> Ack:
+        dst_tier_name = "host" if op.direction == "d2h" else "device"
+        mine = self._writers.get((dst_tier_name, op.source), {})
+        for r in op.dst_ids.tolist():
+            if mine.get(r) is op:
+                del mine[r]
         if error is not None and op.owns_dst:
             _, dst_tier = self._tiers(op.direction)
             dst_tier.free(op.source, op.dst_ids)
@@ -221,6 +245,7 @@ class TransferController:
             q = self._inflight[direction]
             while q and q[0].is_done():
                 b = q.popleft()
+                b.deps = []   # finished: what it waited on is no longer needed
                 st = self._stats[direction]
                 st["batches"] += 1
                 st["launches"] += b.launches

@@ -401,3 +401,31 @@ def test_controller_runs_the_triton_kernel_under_the_interpreter(interpret):
     assert same(rows(pools.host, "state", s.dst_ids), rows(pools.device, "state", snap))
     ctl.shutdown()
     pools.check_integrity()
+
+
+@pytest.mark.parametrize("host_layout", ["page_first", "layer_first"])
+def test_an_op_reading_a_failed_ops_rows_fails_even_after_that_failure_was_acked(host_layout):
+    # A load fails and is acked (its device row freed) before a backup reading that row,
+    # queued while the load was in flight, is launched. The backup must fail too: it used
+    # to miss the dependency (the load's batch had left the in-flight queue) and ack ok
+    # with the bytes of a freed row. Found by test_controller_props (layer_first).
+    pools = make_pools(tiny_layout(), host_layout=host_layout, device_pages=6, host_pages=8,
+                       device_snapshots=4, host_snapshots=5, seed=1)
+
+    def inject(point):
+        if "bad" in point.tags:
+            raise RuntimeError("injected")
+
+    ctl = TransferController(pools, TransferConfig(max_queued_ops=6), fault_injector=inject)
+    src = pools.host.alloc("state", 1)
+    load = ctl.load([int(src.ids[0])], source="state", tag="bad")
+    ctl.step()
+    load.wait(10)
+    backup = ctl.backup([int(load.dst_ids[0])], source="state", tag="reads the load's row")
+    assert [(a.tag, a.ok) for a in ctl.poll()] == [("bad", False)]
+    ctl.step()
+    backup.wait(10)
+    acks = ctl.poll()
+    assert [(a.tag, a.ok) for a in acks] == [("reads the load's row", False)]
+    assert "depends on batch" in acks[0].error
+    ctl.shutdown()
