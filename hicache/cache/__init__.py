@@ -13,7 +13,7 @@ from hicache.cache.metrics import PrometheusExporter
 from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
 from hicache.cache.results import CacheStats, MatchResult, PublishResult, SnapshotOutcome
 from hicache.cache.tokens import as_tokens
-from hicache.tree import Boundary
+from hicache.tree import Boundary, chunk_end
 
-__all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "SnapshotOutcome", "CacheStats", "Boundary",
+__all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "SnapshotOutcome", "CacheStats", "Boundary", "chunk_end",
            "Prefetch", "PlacementPolicy", "ConfiguredPolicy", "PrometheusExporter", "as_tokens"]

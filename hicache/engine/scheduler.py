@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from hicache.cache import Boundary
+from hicache.cache import Boundary, chunk_end
 from hicache.engine.records import (ADMISSION_POLICIES, INF, EngineConfig, EngineReport, Executor, Job,
                                     NullExecutor, RequestRecord)
 
@@ -227,8 +227,7 @@ class Scheduler:
                 chunk = max(min(self.cfg.chunk_tokens, budget) // self.P * self.P, self.P)
                 target = min(job.done - job.done % self.P + chunk, job.prompt_len)
                 why = Boundary.PROMPT_END if target == job.prompt_len else Boundary.PREFILL
-                if job.done < job.branch < target:   # leave a resume point at the fork
-                    target, why = job.branch, Boundary.BRANCH
+                target, why = chunk_end(job.done, target, why, job.branch)
                 ok = self._make_room(job, target)
                 if ok:
                     self.ex.publish(job, why)

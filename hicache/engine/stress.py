@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from hicache.cache import Boundary, HiCache, Lease
+from hicache.cache import Boundary, HiCache, Lease, chunk_end
 from hicache.engine import contents
 from hicache.errors import TransferError
 
@@ -151,8 +151,7 @@ class StressRunner:
             step = self.P * int(self.rng.integers(*self.cfg.chunk_pages, endpoint=True))
             target = min(req.done_tokens - req.done_tokens % self.P + step, req.prompt_len)
             why = Boundary.PROMPT_END if target == req.prompt_len else Boundary.PREFILL
-            if req.done_tokens < req.branch < target:   # the fork, as the reference engine does
-                target, why = req.branch, Boundary.BRANCH
+            target, why = chunk_end(req.done_tokens, target, why, req.branch)
             if not self._compute(req, target):
                 return self._abort(req)
             self._publish(req, why)

@@ -17,11 +17,11 @@ from hicache.tree.node import (HASH_BYTES, ROOT_HASH, LoadTicket, Snapshot, Tree
 from hicache.tree.order import EvictionOrder
 from hicache.tree.paths import PathMatch, ResumePoint
 from hicache.tree.radix import RadixTree, Removed
-from hicache.tree.retention import Boundary, Decision, RetentionPolicy
+from hicache.tree.retention import Boundary, Decision, RetentionPolicy, chunk_end
 
 __all__ = [
     "LFU", "LRU", "STRATEGIES", "Value", "AccessStrategy", "EvictionStrategy", "device_victims", "get_strategy",
     "host_victims", "snapshot_victims", "HASH_BYTES", "ROOT_HASH", "LoadTicket", "Snapshot", "TreeNode",
     "chain_hashes", "page_hash", "token_bytes", "InsertResult", "EvictionOrder", "PathMatch", "RadixTree",
-    "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy",
+    "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy", "chunk_end",
 ]

@@ -29,6 +29,13 @@ class Boundary(str, Enum):
     BRANCH = "branch"          # where the prompt leaves a cached path (MatchResult.branch_tokens)
 
 
+def chunk_end(done: int, target: int, why: Boundary, fork: int) -> tuple[int, Boundary]:
+    """Where a prefill chunk from ``done`` to ``target`` ends, and why: at ``fork``
+    (``MatchResult.branch_tokens``) when it lies inside the chunk, so a snapshot lands on
+    the fork and later requests sharing the prefix resume there; else as planned."""
+    return (fork, Boundary.BRANCH) if done < fork < target else (target, why)
+
+
 class Decision(str, Enum):
     KEEP = "keep"
     PROVISIONAL = "provisional"

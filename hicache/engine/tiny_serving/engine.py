@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from hicache.cache import Boundary, HiCache, Lease
+from hicache.cache import Boundary, HiCache, Lease, chunk_end
 from hicache.engine import EngineRequest
 from hicache.engine.tiny_model import PagedSequenceCache, TinyV4Model, layout_for
 from hicache.engine.tiny_serving.records import TinyRecord, TinyReport
@@ -205,8 +205,7 @@ class TinyEngine:
         if done < prompt_boundary:
             upto = min(done - done % P + self.cfg.chunk_pages * P, prompt_boundary)
             why = Boundary.PROMPT_END if upto == prompt_boundary else Boundary.PREFILL
-            if done < run.branch < upto:   # leave a resume point at the fork
-                upto, why = run.branch, Boundary.BRANCH
+            upto, why = chunk_end(done, upto, why, run.branch)
             self._compute(run, upto)
             self._publish(run, upto, why, self._save_snapshot(run))
             return False
