@@ -157,7 +157,7 @@ class Residency:
                 break
             demote = node.on_host or (self._policy.write_back and self._policy.worth_demoting(node))
             self._trim(node, need - freed, keeps_head=demote or not self._tree.needs_snapshots)
-            if self._policy.write_back and not node.on_host and demote:
+            if demote and not node.on_host:   # write_back, worth a host copy: back it up first
                 to_backup.append(node)
                 freed += node.num_pages
             elif self.drop_device_copy(node):
