@@ -65,8 +65,9 @@ class TransferController:
         else:
             self._exec = CpuExecutor(self.backend, cfg.cpu_threads, fault_injector)
         self._pending: list[Op] = []
-        # (tier, source) -> row -> the unacked op writing it: a later op reading the row
-        # depends on that op even after its batch has left ``_inflight``.
+        # (direction, source) -> destination row -> the unacked op of that direction writing
+        # it: an op of the other direction reading the row depends on that op even after
+        # its batch has left ``_inflight``.
         self._writers: dict[tuple[str, str], dict[int, Op]] = {}
         self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
         self._ready: list[Ack] = []
@@ -111,13 +112,12 @@ class TransferController:
         nbytes = int(src.size) * self._unit_bytes[source]
         op = Op(self._seq, kind, direction, source, src, dst, tag, owns_dst, nbytes,
                 self._layers[source] if src.size else frozenset(), self._all_layers)
-        src_tier, dst_tier = ("device", "host") if direction == "d2h" else ("host", "device")
-        writers = self._writers.get((src_tier, source), {})
+        writers = self._writers.get((OTHER[direction], source), {})
         for r in src.tolist():
             w = writers.get(r)
             if w is not None and w not in op.after:
                 op.after.append(w)
-        mine = self._writers.setdefault((dst_tier, source), {})
+        mine = self._writers.setdefault((direction, source), {})
         for r in dst.tolist():
             mine[r] = op
         self._seq += 1
@@ -222,8 +222,7 @@ class TransferController:
 
     # -- completion -----------------------------------------------------------------------
     def _ack(self, op: Op, error: str | None) -> Ack:
-        dst_tier_name = "host" if op.direction == "d2h" else "device"
-        mine = self._writers.get((dst_tier_name, op.source), {})
+        mine = self._writers.get((op.direction, op.source), {})
         for r in op.dst_ids.tolist():
             if mine.get(r) is op:
                 del mine[r]
