@@ -320,7 +320,10 @@ class HiCache:
         """
         self._lease(lease)
         toks = as_tokens(tokens)
-        why = Boundary(why)
+        try:
+            why = Boundary(why)
+        except ValueError:
+            raise MisuseError(f"publish: why={why!r} is not one of {[b.value for b in Boundary]}") from None
         sid = _snapshot_row(snapshot if snapshot is not None else snapshot_id)
         self._check_publish(lease, toks, num_pages, sid)
         done = self._publisher.publish_pages(lease, toks, num_pages)

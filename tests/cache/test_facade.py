@@ -345,6 +345,19 @@ def test_misuse_errors(engine):
     engine.cache.check_integrity()
 
 
+def test_publish_with_an_unknown_boundary_is_one_line_misuse():
+    eng = Engine(make_cache())
+    a = toks(1, 2, extra=1)
+    _, lease = eng.start(a)
+    eng.compute(lease, a, 2)
+    with pytest.raises(MisuseError, match=r"why='bogus' is not one of \['prefill', 'prompt_end', 'finish', 'branch'\]"):
+        eng.cache.publish(lease, a, 2, why="bogus")
+    assert eng.cache.publish(lease, a, 2, why="branch").published_pages == 2   # nothing lost
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+    eng.cache.close()
+
+
 def test_publish_with_other_prefix_tokens_is_refused():
     eng = Engine(make_cache())
     eng.run(toks(1, 2, extra=1))
