@@ -64,7 +64,7 @@ class Op:
     known_layers: frozenset   # every layer id of the layout
     batch: "Batch | None" = None
     cancel_error: str | None = None  # failed before launch (shutdown)
-    after: list["Op"] = field(default_factory=list)  # unacked ops of the other direction writing its src rows
+    after: list["Batch"] = field(default_factory=list)  # launched batches (other direction) writing its src rows
 
 
 @dataclass(frozen=True)

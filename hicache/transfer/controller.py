@@ -65,10 +65,6 @@ class TransferController:
         else:
             self._exec = CpuExecutor(self.backend, cfg.cpu_threads, fault_injector)
         self._pending: list[Op] = []
-        # (direction, source) -> destination row -> the unacked op of that direction writing
-        # it: an op of the other direction reading the row depends on that op even after
-        # its batch has left ``_inflight``.
-        self._writers: dict[tuple[str, str], dict[int, Op]] = {}
         self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
         self._ready: list[Ack] = []
         self._unacked_ops = 0
@@ -112,14 +108,11 @@ class TransferController:
         nbytes = int(src.size) * self._unit_bytes[source]
         op = Op(self._seq, kind, direction, source, src, dst, tag, owns_dst, nbytes,
                 self._layers[source] if src.size else frozenset(), self._all_layers)
-        writers = self._writers.get((OTHER[direction], source), {})
-        for r in src.tolist():
-            w = writers.get(r)
-            if w is not None and w not in op.after:
-                op.after.append(w)
-        mine = self._writers.setdefault((direction, source), {})
-        for r in dst.tolist():
-            mine[r] = op
+        # Launched batches of the other direction writing rows this op reads: it depends on
+        # them even if they fail and are acked (leaving _inflight) before it launches. A
+        # writer still pending launches with it, ordered by plan_phases and step's deps.
+        op.after = [b for b in self._inflight[OTHER[direction]]
+                    if source in b.rows and np.intersect1d(src, b.rows[source][1]).size]
         self._seq += 1
         self._pending.append(op)
         self._unacked_ops += 1
@@ -208,10 +201,8 @@ class TransferController:
                 # A writer of our source rows acked (failed) before we launched has left
                 # _inflight: depend on its batch all the same, so its failure reaches us.
                 for op in dops:
-                    for w in op.after:
-                        if w.batch is not None and w.batch.direction != direction and w.batch not in b.deps:
-                            b.deps.append(w.batch)
-                    op.after = []   # no chains of finished ops kept alive
+                    b.deps.extend(w for w in op.after if w not in b.deps)
+                    op.after = []   # no chains of finished batches kept alive
                 for op in dops:
                     op.batch = b
                 self._inflight[direction].append(b)
@@ -222,10 +213,6 @@ class TransferController:
 
     # -- completion -----------------------------------------------------------------------
     def _ack(self, op: Op, error: str | None) -> Ack:
-        mine = self._writers.get((op.direction, op.source), {})
-        for r in op.dst_ids.tolist():
-            if mine.get(r) is op:
-                del mine[r]
         if error is not None and op.owns_dst:
             _, dst_tier = self._tiers(op.direction)
             dst_tier.free(op.source, op.dst_ids)
