@@ -110,15 +110,13 @@ def run(args: argparse.Namespace) -> int:
         summaries.append(summary)
         budgets.append(summary["device_bytes"] + summary["host_bytes"])
         points.append(_point(summary, args.device_gib, host))
-    assert layout is not None, "parse_budgets returns at least one budget"
+    assert layout is not None and cfg is not None, "parse_budgets returns at least one budget"
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
-           "budget": cfg.pools.budget if cfg is not None else None,
-           "storage": cfg.storage.url if cfg is not None else None}
+           "budget": cfg.pools.budget, "storage": cfg.storage.url}
     out.update(work.trace_info)
     if not args.no_sim and kvsim.available():
-        assert cfg is not None, "parse_budgets returns at least one budget"
         with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
             trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
             if cfg.pools.budget == "shared":   # our page count varies: capacity from bytes
