@@ -160,12 +160,12 @@ def test_a_running_requests_resume_snapshot_never_moves():
     cache.close()
 
 
-def chain(retention=None):
+def chain(retention=None, eviction="lru"):
     """Write_back, shared: one request X of 6 pages published in two chunks, so a mid-chain
     snapshot at page 3 (node x, one child) and a leaf snapshot at page 6 (node y); the device
     arena is full (6 pages + 2 snapshots)."""
     eng = Engine(make_cache(device_pages=6, device_snaps=2, host_pages=12, host_snaps=4, budget="shared",
-                            write_policy="write_back", retention=retention))
+                            write_policy="write_back", retention=retention, eviction=eviction))
     eng.run(toks(1, 2, 3, 4, 5, 6), chunk_pages=3)
     cache = eng.cache
     x, y = node_of(cache, toks(1, 2, 3)), node_of(cache, toks(4, 5, 6))
@@ -174,15 +174,22 @@ def chain(retention=None):
     return eng, x, y
 
 
-def test_write_back_drops_a_mid_chain_snapshot_instead_of_backing_it_up():
-    """A request passing x's boundary resumes at y's deeper snapshot: x's snapshot is not
-    worth host bytes, so its eviction drops it (y's leaf snapshot would be backed up)."""
-    eng, x, y = chain()
+@pytest.mark.parametrize("eviction", ["value", "lru"])
+def test_write_back_drops_a_mid_chain_snapshot_under_value(eviction):
+    """A request passing x's boundary resumes at y's deeper snapshot: under ``value`` x's
+    snapshot is not worth host bytes, so its eviction drops it (y's leaf snapshot would be
+    backed up). The decision is the placement policy's, as with split pools: ``lru``
+    backs every victim up."""
+    eng, x, y = chain(eviction=eviction)
     cache = eng.cache
     x.snapshot.last_access = -1.0                         # x's snapshot is the coldest object
     res = cache.alloc_snapshot(fresh_lease(cache))
-    assert res.ok and x.snapshot is None and cache.counters.snapshots_evicted_device == 1
-    assert cache.counters.snapshots_backed_up == 0 and cache.pools.host.num_used("state") == 0
+    if eviction == "value":
+        assert res.ok and x.snapshot is None and cache.counters.snapshots_evicted_device == 1
+        assert cache.counters.snapshots_backed_up == 0 and cache.pools.host.num_used("state") == 0
+    else:
+        assert res.ok and x.snapshot.device_id is None and x.snapshot.host_id is not None
+        assert cache.counters.snapshots_backed_up == 1 and cache.pools.host.num_used("state") == 1
     assert y.snapshot.device_id is not None and x.on_device and y.on_device
     cache.release(next(iter(cache._leases.values())))
     cache.check_integrity()
