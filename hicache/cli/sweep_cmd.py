@@ -12,6 +12,10 @@ pages in tokens (with ``--budget shared``: the tokens our device + host bytes ho
 snapshot per mean prompt, :func:`hicache.engine.kvsim.shared_capacity_tokens`), scaled into
 its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib`` is the budget to pass to
 ``kvcache-simulator run --budgets-gib`` to reproduce ``sim_lru`` / ``sim_optimal``.
+Beside them, ``ref_hybrid_lru`` is the simulator's LRU at the same blocks resumed only at
+boundaries with a (free) snapshot (:mod:`hicache.engine.hybrid_ref`): what an LRU-ordered
+hybrid cache could reach at most; ``ref_block_lru`` is the same code's block LRU, which
+equals ``sim_lru`` (a check that both read the trace alike).
 
 L3 is off unless ``--storage`` names one: the simulator is given device + host bytes only,
 and an L3 would add bytes it does not have (an in-process ``memory://`` store would also
@@ -88,7 +92,7 @@ def _point(summary: dict, device_gib: float, host_gib: float) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from hicache.engine import kvsim
+    from hicache.engine import hybrid_ref, kvsim
 
     hosts = parse_budgets(args.host_gib)
     if args.storage is None:
@@ -129,10 +133,12 @@ def run(args: argparse.Namespace) -> int:
             model = args.sim_model or kvsim.model_for(layout.model)
             sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
                                  indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)
-        for p, s in zip(points, sim["points"]):
+            refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]])
+        for p, s, r in zip(points, sim["points"], refs):
             p.update(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
                      sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
-                     sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"])
+                     sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"],
+                     ref_block_lru=r.block_lru, ref_hybrid_lru=r.hybrid_lru)
         k = sim["kvsim"]
         out.update(sim_model=k["model"], sim_kv_precision=k["kv_precision"],
                    sim_indexer_precision=k["indexer_precision"], sim_backend=k["backend"],
@@ -161,13 +167,13 @@ def print_table(out: dict) -> None:
         pt = p["device_hit_tokens"] + p["host_hit_tokens"] + p["l3_hit_tokens"]
         rows.append([f"{p['host_gib']:g}", f"{p['device_pages']:,} + {p['host_pages']:,}", _pct(p["hit_rate"]),
                      _pct(p["hit_rate_last_half"]), _pct(p.get("sim_lru")) or p.get("sim_status"),
-                     _pct(p.get("sim_optimal")) or p.get("sim_status"),
+                     _pct(p.get("sim_optimal")) or p.get("sim_status"), _pct(p.get("ref_hybrid_lru")),
                      None if p.get("sim_gib") is None else f"{p['sim_gib']:.4f}",
                      f"{p['device_hit_tokens'] / max(pt, 1):.0%} / {p['host_hit_tokens'] / max(pt, 1):.0%} / "
                      f"{p['l3_hit_tokens'] / max(pt, 1):.0%}",
                      None if p["ttft_p50_s"] is None else f"{p['ttft_p50_s']:.3f}", p["mismatched_pages"]])
     print(render_table(["host GiB", "pages dev + host", "hit rate", "last half", "sim LRU", "sim optimal",
-                        "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
+                        "hybrid LRU", "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
                        title=f"hicache sweep: {Path(out['config']).stem}, {out['workload']}, {out['requests']} "
                              f"requests, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"))
     print()
@@ -178,6 +184,8 @@ def print_table(out: dict) -> None:
               f"indexer {out['sim_indexer_precision']}, last half measured, its ceiling {out['sim_ceiling']:.2%}; "
               f"rerun one point with: kvcache-simulator run --trace TRACE --model {out['sim_model']} "
               f"--budgets-gib SIM_GIB --policies lru,optimal")
+        print("hybrid LRU: the simulator's LRU at the same blocks, resumed only at a boundary with a snapshot "
+              "(free); the most an LRU-ordered hybrid cache reaches (hicache.engine.hybrid_ref)")
     else:
         print("kvcache-simulator not run (not installed, or --no-sim)")
 
@@ -194,7 +202,8 @@ def write_plot(path: str, out: dict) -> None:
     xs = [p["host_gib"] for p in pts]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, [p["hit_rate_last_half"] for p in pts], "o-", label="hicache (last half)")
-    for key, label in (("sim_lru", "kvcache-simulator LRU"), ("sim_optimal", "kvcache-simulator optimal")):
+    for key, label in (("sim_lru", "kvcache-simulator LRU"), ("sim_optimal", "kvcache-simulator optimal"),
+                       ("ref_hybrid_lru", "hybrid LRU (resume at snapshots)")):
         if any(p.get(key) is not None for p in pts):
             ax.plot(xs, [p.get(key) for p in pts], "s--", label=label)
     ax.axhline(out["ceiling_last_half"], color="grey", linestyle=":", label="ceiling (unlimited memory)")

@@ -35,6 +35,9 @@ def test_sweep_matches_kvcache_simulator_run(trace, tmp_path, capsys):
             assert key in p, key
         assert p["mismatched_pages"] == 0 and p["verified_pages"] > 0
         assert p["sim_blocks"] == (p["device_pages"] + p["host_pages"]) * 16 // 16
+        # our reference reads the trace as the simulator does: its block LRU is the simulator's
+        assert p["ref_block_lru"] == pytest.approx(p["sim_lru"], abs=1e-9)
+        assert p["ref_hybrid_lru"] <= p["ref_block_lru"]
     for p in out["points"]:
         dump = tmp_path / "sim.json"
         assert cli.main(["run", "--trace", str(trace), "--model", out["sim_model"], "--budgets-gib",
