@@ -239,6 +239,8 @@ class HiCache:
             r.snapshot.last_access = self._tree.clock
             lease._resume_snapshot = r.snapshot
             lease.snapshot_id = r.snapshot.device_id
+        for snap in self._policy.passed_snapshots(chain):
+            snap.last_access = self._tree.clock
         return lease
 
     def _submit_loads(self, loads: list[Load]) -> None:

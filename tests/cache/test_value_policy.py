@@ -114,3 +114,23 @@ def test_a_branch_snapshot_lets_every_later_sibling_resume_at_the_fork():
     assert (c.resume_tokens, c.branch_tokens) == (8, 0)
     cache.check_integrity()
     cache.close()
+
+
+@pytest.mark.parametrize("eviction, fork_tokens", [("lru", 0), ("value", 8)])
+def test_a_request_passing_a_branch_points_snapshot_keeps_it_warm_under_value(eviction, fork_tokens):
+    # P's snapshot at page 2 is a branch point (X and Y fork there). X's next turn resumes
+    # at X's own snapshot, deeper: under value passing the fork counts as using its
+    # snapshot, so when X2's snapshot needs a row, Y's leaf snapshot goes instead of the
+    # fork's, and a new sibling still resumes at the fork.
+    eng = Engine(make_cache(device_snaps=3, host_snaps=1, write_policy="write_through_selective", threshold=99,
+                            eviction=eviction))
+    eng.run(toks(1, 2, extra=1))
+    eng.run(toks(1, 2, 3, extra=1))
+    eng.run(toks(1, 2, 4, extra=1))
+    fork = node_of(eng.cache, toks(1, 2))
+    assert len(fork.children) == 2 and eng.cache.pools.device.num_used("state") == 3
+    eng.run(toks(1, 2, 3, 5, extra=1))              # X2: resumes at X's snapshot, needs a row
+    assert eng.cache.match(toks(1, 2, 3, 5, extra=1)).resume_tokens == 16
+    assert eng.cache.match(toks(1, 2, 6, extra=1)).resume_tokens == fork_tokens
+    assert eng.cache.match(toks(1, 2, 4, extra=1)).resume_tokens == (8 if eviction == "value" else 12)
+    eng.cache.check_integrity()
