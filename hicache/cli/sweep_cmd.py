@@ -15,7 +15,8 @@ its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib`` is the budget to 
 Beside them, ``ref_hybrid_lru`` is the simulator's LRU at the same blocks resumed only at
 boundaries with a (free) snapshot (:mod:`hicache.engine.hybrid_ref`): what an LRU-ordered
 hybrid cache could reach at most; ``ref_block_lru`` is the same code's block LRU, which
-equals ``sim_lru`` (a check that both read the trace alike).
+equals ``sim_lru`` (a check that both read the trace alike). A layout without state (MHA,
+MLA) resumes at any page, so it has no hybrid figure (None).
 
 L3 is off unless ``--storage`` names one: the simulator is given device + host bytes only,
 and an L3 would add bytes it does not have (an in-process ``memory://`` store would also
@@ -138,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
             p.update(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
                      sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
                      sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"],
-                     ref_block_lru=r.block_lru, ref_hybrid_lru=r.hybrid_lru)
+                     ref_block_lru=r.block_lru,
+                     # a layout without state resumes at any page: its bound is the block LRU
+                     ref_hybrid_lru=r.hybrid_lru if layout.object_bytes("state") else None)
         k = sim["kvsim"]
         out.update(sim_model=k["model"], sim_kv_precision=k["kv_precision"],
                    sim_indexer_precision=k["indexer_precision"], sim_backend=k["backend"],
