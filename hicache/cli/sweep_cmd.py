@@ -13,8 +13,9 @@ snapshot per mean prompt, :func:`hicache.engine.kvsim.shared_capacity_tokens`), 
 its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib`` is the budget to pass to
 ``kvcache-simulator run --budgets-gib`` to reproduce ``sim_lru`` / ``sim_optimal``.
 Beside them, ``ref_hybrid_lru`` is the simulator's LRU at the same blocks resumed only at
-boundaries with a (free) snapshot (:mod:`hicache.engine.hybrid_ref`): what an LRU-ordered
-hybrid cache could reach at most; ``ref_block_lru`` is the same code's block LRU, which
+boundaries with a (free) snapshot where our engine offers one -- request ends, forks and
+prefill chunk ends (:mod:`hicache.engine.hybrid_ref`): what an LRU-ordered hybrid cache
+could reach at most; ``ref_block_lru`` is the same code's block LRU, which
 equals ``sim_lru`` (a check that both read the trace alike). A layout without state (MHA,
 MLA) resumes at any page, so it has no hybrid figure (None).
 
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     n = len(work.requests)
     progress = Progress("sweep", n * len(hosts), enabled=not args.quiet)
     points, summaries, budgets = [], [], []
-    layout = cfg = path = None
+    layout = cfg = path = ecfg = None
     for i, host in enumerate(hosts):
         path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
         ecfg = engine_config(args, path)
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         summaries.append(summary)
         budgets.append(summary["device_bytes"] + summary["host_bytes"])
         points.append(_point(summary, args.device_gib, host))
-    assert layout is not None and cfg is not None, "parse_budgets returns at least one budget"
+    assert layout is not None and cfg is not None and ecfg is not None, "parse_budgets returns at least one budget"
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
@@ -134,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
             model = args.sim_model or kvsim.model_for(layout.model)
             sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
                                  indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)
-            refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]])
+            refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]],
+                                        chunk_blocks=ecfg.chunk_tokens // sim["block_size"])
+            out["ref_chunk_blocks"] = ecfg.chunk_tokens // sim["block_size"]
         for p, s, r in zip(points, sim["points"], refs):
             p.update(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
                      sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
@@ -187,8 +190,9 @@ def print_table(out: dict) -> None:
               f"indexer {out['sim_indexer_precision']}, last half measured, its ceiling {out['sim_ceiling']:.2%}; "
               f"rerun one point with: kvcache-simulator run --trace TRACE --model {out['sim_model']} "
               f"--budgets-gib SIM_GIB --policies lru,optimal")
-        print("hybrid LRU: the simulator's LRU at the same blocks, resumed only at a boundary with a snapshot "
-              "(free); the most an LRU-ordered hybrid cache reaches (hicache.engine.hybrid_ref)")
+        print("hybrid LRU: the simulator's LRU at the same blocks, resumed only where a snapshot is offered "
+              f"(request ends, forks, every {out['ref_chunk_blocks']} blocks of prefill; snapshots free): the most an "
+              "LRU-ordered hybrid cache reaches (hicache.engine.hybrid_ref)")
     else:
         print("kvcache-simulator not run (not installed, or --no-sim)")
 

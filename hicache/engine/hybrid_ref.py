@@ -8,19 +8,22 @@ This module measures that cost on a simulator trace, with the simulator's own LR
 measurement rules (every block of a request touched, blocks of the running request never
 evicted, hit tokens / prompt tokens over the last half of the requests)::
 
-    block LRU    hit = the leading blocks still cached          (= kvcache-simulator LRU)
+    block LRU    hit = the leading blocks still cached, a partial last block's tokens
+                 included                                       (= kvcache-simulator LRU)
     hybrid LRU   hit = the same, cut back to the deepest boundary with a snapshot
-                 snapshots: at the end of every earlier request's whole blocks, and at the
+                 snapshots: at the end of every earlier request's whole blocks, at the
                  point where a request left a cached path (the fork; hicache's engine
-                 publishes one there, ``Boundary.BRANCH``); they cost no bytes, and one
-                 goes when the block it ends goes
+                 publishes one there, ``Boundary.BRANCH``), and with ``chunk_blocks`` at
+                 every prefill chunk end (each ``chunk_blocks`` blocks past the resume
+                 point, as the engine's chunked prefill publishes them); they cost no
+                 bytes, and one goes when the block it ends goes
 
 So the hybrid LRU is an upper bound for any cache that orders pages by LRU and needs a
 snapshot to resume -- its snapshots are free -- and the block LRU minus the hybrid LRU is
 what the resume rule alone costs at that capacity. ``hicache sweep`` reports it beside the
-simulator's figures (``ref_hybrid_lru``). Run standalone::
+simulator's figures (``ref_hybrid_lru``, with the engine's chunk size). Run standalone::
 
-    python -m hicache.engine.hybrid_ref TRACE.jsonl --blocks 380,571,952 [--json]
+    python -m hicache.engine.hybrid_ref TRACE.jsonl --blocks 380,571,952 [--chunk-blocks 16] [--json]
 """
 
 from __future__ import annotations
@@ -74,9 +77,10 @@ def load_trace(path: str | Path) -> list[Request]:
     return out
 
 
-def hit_rate(requests: Sequence[Request], capacity_blocks: int, *, hybrid: bool) -> float:
+def hit_rate(requests: Sequence[Request], capacity_blocks: int, *, hybrid: bool, chunk_blocks: int = 0) -> float:
     """Last-half hit rate of an LRU block cache holding ``capacity_blocks`` (module docstring)."""
     check_int("capacity_blocks", capacity_blocks, minimum=1, reason="must be a positive integer")
+    check_int("chunk_blocks", chunk_blocks, minimum=0, reason="must be 0 (no chunk snapshots) or a block count")
     key: dict[int, tuple[int, int]] = {}    # cached block -> its LRU key (request index, -position)
     heap: list[tuple[tuple[int, int], int]] = []
     snapshots: set[int] = set()             # blocks that end a boundary with a snapshot
@@ -87,13 +91,17 @@ def hit_rate(requests: Sequence[Request], capacity_blocks: int, *, hybrid: bool)
         k = 0
         while k < len(h) and h[k] in key:
             k += 1
+        # the simulator counts a cached partial last block's tokens; a hybrid resume point
+        # is a whole-block boundary
+        got = min(k * r.block_size, r.input_length)
         k = min(k, whole)
         fork = k
         if hybrid:
             while k > 0 and h[k - 1] not in snapshots:
                 k -= 1
+            got = k * r.block_size
         if i >= half:
-            hit += k * r.block_size
+            hit += got
             total += r.input_length
         for j, b in enumerate(h):
             key[b] = (i, -j)
@@ -102,6 +110,8 @@ def hit_rate(requests: Sequence[Request], capacity_blocks: int, *, hybrid: bool)
             snapshots.add(h[whole - 1])
         if 0 < fork < whole:
             snapshots.add(h[fork - 1])
+        if chunk_blocks:
+            snapshots.update(h[q - 1] for q in range(k + chunk_blocks, whole, chunk_blocks))
         running, held = set(h), []
         while len(key) > capacity_blocks and heap:
             entry = heapq.heappop(heap)
@@ -118,17 +128,19 @@ def hit_rate(requests: Sequence[Request], capacity_blocks: int, *, hybrid: bool)
     return hit / total if total else 0.0
 
 
-def reference(path: str | Path, capacities_blocks: Sequence[int]) -> list[RefPoint]:
-    """Both LRUs at each capacity."""
+def reference(path: str | Path, capacities_blocks: Sequence[int], *, chunk_blocks: int = 0) -> list[RefPoint]:
+    """Both LRUs at each capacity (the hybrid one with chunk-end snapshots every ``chunk_blocks``)."""
     requests = load_trace(path)
-    return [RefPoint(c, hit_rate(requests, c, hybrid=False), hit_rate(requests, c, hybrid=True))
-            for c in capacities_blocks]
+    return [RefPoint(c, hit_rate(requests, c, hybrid=False),
+                     hit_rate(requests, c, hybrid=True, chunk_blocks=chunk_blocks)) for c in capacities_blocks]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hicache.engine.hybrid_ref", description=__doc__.split("\n")[0])
     ap.add_argument("trace", help="kvcache-simulator trace (JSON lines)")
     ap.add_argument("--blocks", required=True, help="capacities in blocks, comma-separated")
+    ap.add_argument("--chunk-blocks", type=int, default=0,
+                    help="a snapshot every N blocks past the resume point (prefill chunk ends); 0: none")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -137,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --blocks {args.blocks!r}: must be comma-separated integers", file=sys.stderr)
         return 2
     try:
-        points = reference(args.trace, caps)
+        points = reference(args.trace, caps, chunk_blocks=args.chunk_blocks)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,23 @@ def test_eviction_is_lru_deepest_block_first_and_takes_the_snapshot_it_ends():
     assert hit_rate(reqs, 3, hybrid=True) == 0.0
 
 
+def test_a_partial_last_block_counts_for_the_block_lru_only():
+    # r2 repeats r0's 40 tokens (2 whole blocks + 8): the simulator counts all 40 as hit; a
+    # hybrid cache resumes at the whole-block boundary, 32
+    reqs = [req([1, 2, 3], 40), req([4], 16), req([1, 2, 3], 40), req([4], 16)]
+    assert hit_rate(reqs, 100, hybrid=False) == 1.0
+    assert hit_rate(reqs, 100, hybrid=True) == (32 + 16) / 56
+
+
+def test_chunk_end_snapshots_let_a_hit_resume_inside_a_long_prompt():
+    # chunks of 2 blocks: r0's prefill offers snapshots at blocks 2 and 4 (and its end, 5);
+    # r2 reaches block 4 and r3 block 2, which without chunk snapshots end nothing
+    reqs = [req([1, 2, 3, 4, 5], 80), req([1, 2, 3, 7], 64), req([1, 2, 3, 4, 8], 80), req([1, 2, 9], 48)]
+    assert hit_rate(reqs, 100, hybrid=False) == 96 / 128
+    assert hit_rate(reqs, 100, hybrid=True) == 48 / 128
+    assert hit_rate(reqs, 100, hybrid=True, chunk_blocks=2) == 96 / 128
+
+
 def test_command_line_and_bad_input(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
     lines = [{"hash_ids": r.hash_ids, "input_length": r.input_length, "block_size": BS}
@@ -41,9 +58,10 @@ def test_command_line_and_bad_input(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert [p["capacity_blocks"] for p in out] == [100, 3]
     assert out[0]["hybrid_lru"] == pytest.approx(64 / 138)
-    assert main([str(path), "--blocks", "10"]) == 0
+    assert main([str(path), "--blocks", "10", "--chunk-blocks", "2"]) == 0
     assert "hybrid LRU" in capsys.readouterr().out
-    for argv in ([str(path), "--blocks", "x"], [str(path), "--blocks", "0"], [str(tmp_path / "no.jsonl"), "--blocks", "4"]):
+    for argv in ([str(path), "--blocks", "x"], [str(path), "--blocks", "0"], [str(tmp_path / "no.jsonl"), "--blocks", "4"],
+                 [str(path), "--blocks", "4", "--chunk-blocks", "-1"]):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error:"), err
