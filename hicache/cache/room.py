@@ -167,32 +167,34 @@ class Room:
         if pools.extent(source.value) <= target or not arena.region(source.value).holes:
             return False
         moves = pools.compaction_moves(source.value)
-        if not moves:
+        owners = self._owners(tier, source) if moves else {}
+        movable = 0   # the moves whose frontier object the tree owns and nothing holds
+        while movable < len(moves) and moves[movable][0] in owners:
+            movable += 1
+        # the fewest of them that bring the extent down to the target (each move shrinks it)
+        k = next((i for i in range(1, movable + 1) if pools.extent_after(source.value, i) <= target), movable)
+        if k == 0:
             return False
-        owners = self._owners(tier, source)
-        moved = 0
-        for old, new in moves:
-            if pools.extent(source.value) <= target:
-                break
-            owner = owners.get(old)
-            if owner is None:
-                break   # the frontier object is held outside the tree or busy: it stays
-            pools.move(source.value, [old], [new])
+        old, new = [m[0] for m in moves[:k]], [m[1] for m in moves[:k]]
+        pools.move(source.value, old, new)   # one batched copy
+        attr = "device_ids" if tier is Tier.DEVICE else "host_ids"
+        node_ids: dict[TreeNode, np.ndarray] = {}
+        for o, n in zip(old, new):
+            owner = owners[o]
             if isinstance(owner, Snapshot):
                 if tier is Tier.DEVICE:
-                    owner.device_id = new
+                    owner.device_id = n
                 else:
-                    owner.host_id = new
+                    owner.host_id = n
             else:
                 node, pos = owner
-                attr = "device_ids" if tier is Tier.DEVICE else "host_ids"
-                ids = getattr(node, attr).copy()
-                ids[pos] = new
-                setattr(node, attr, ids)
-                owners.update({new: (node, pos)})
-            moved += 1
-        self._res.counters.compaction_moves += moved
-        return moved > 0
+                if node not in node_ids:
+                    node_ids[node] = getattr(node, attr).copy()
+                node_ids[node][pos] = n
+        for node, ids in node_ids.items():
+            setattr(node, attr, ids)   # one report to the tree per node
+        self._res.counters.compaction_moves += k
+        return True
 
     def _owners(self, tier: Tier, source: Source) -> dict[int, tuple[TreeNode, int] | Snapshot]:
         """Movable ids of ``tier``/``source`` -> their one owner (one scan of the tree)."""
