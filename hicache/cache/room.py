@@ -24,10 +24,11 @@ decides which is colder (a tie evicts the snapshot: it frees more bytes, and the
 ended becomes a dead tail). Both orders are read afresh for each victim, so a victim's
 eviction (a removed subtree, a snapshot turning a run into a dead tail) is seen at once.
 
-Under write_back a device victim is backed up to the host before it goes (a page run is
-demoted, its end snapshot going down with it) when the placement policy finds it worth a
-host copy (``worth_demoting`` / ``worth_demoting_snapshot``: under ``value`` a dead tail
-and a mid-chain snapshot are dropped instead), the same decision as with split pools.
+Under write_back a device victim is backed up to the host before it goes when the placement
+policy finds it worth a host copy, the same decisions as with split pools: a page run
+(``worth_demoting``; under ``value`` a dead tail is dropped) is demoted with its end
+snapshot going down with it, and a snapshot victim on its own (``worth_demoting_snapshot``;
+under ``value`` a mid-chain one is dropped).
 
 Who may move: an object owned by the tree (a node's page ids on that tier, a snapshot's
 row) that nothing reads or writes -- for pages no lease lock (a lease's page table holds
@@ -151,9 +152,10 @@ class Room:
         if policy.write_back and not node.on_host and policy.worth_demoting(node):
             backup_pages([node])
             snap = node.snapshot
-            if (node.on_host and snap is not None and snap.provisional_owner is None
-                    and snap.device_id is not None and policy.worth_demoting_snapshot(node, snap)):
-                backup_snapshots([(node, snap)])   # the boundary state goes down with its pages
+            if node.on_host and snap is not None and snap.provisional_owner is None and snap.device_id is not None:
+                # The boundary state goes down with its pages, as with split pools (a
+                # mid-chain snapshot is normally gone by now: it is the first snapshot victim)
+                backup_snapshots([(node, snap)])
             return res.demote_backed_up([node]) == 0
         return res.drop_device_copy(node)
 
