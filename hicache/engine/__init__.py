@@ -9,13 +9,13 @@ Interface:
 * :class:`StressRunner` / :class:`StressConfig` / :class:`StressReport`: random traffic with
   byte checks (``hicache stress``).
 * :mod:`contents` (synthetic page bytes and their checks), :mod:`kvsim` (kvcache-simulator's
-  policies at our budgets).
+  policies at our budgets), :mod:`hybrid_ref` (the same LRU resumed only at snapshots).
 
 Subpackages: :mod:`hicache.engine.workloads`, :mod:`hicache.engine.tiny_model`,
 :mod:`hicache.engine.tiny_serving`.
 """
 
-from hicache.engine import contents, kvsim
+from hicache.engine import contents, hybrid_ref, kvsim
 from hicache.engine.clock import ClockConfig, clock_from_mapping
 from hicache.engine.loop import ReferenceEngine
 from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, EngineRequest,
@@ -25,4 +25,4 @@ from hicache.engine.stress import StressConfig, StressReport, StressRunner
 __all__ = ["ReferenceEngine", "EngineConfig", "EngineReport", "EngineRequest", "RequestRecord",
            "ADMISSION_POLICIES",
            "ClockConfig", "clock_from_mapping", "StressConfig", "StressReport", "StressRunner",
-           "contents", "kvsim"]
+           "contents", "hybrid_ref", "kvsim"]
