@@ -173,8 +173,16 @@ class Room:
         movable = 0   # the moves whose frontier object the tree owns and nothing holds
         while movable < len(moves) and moves[movable][0] in owners:
             movable += 1
-        # the fewest of them that bring the extent down to the target (each move shrinks it)
-        k = next((i for i in range(1, movable + 1) if pools.extent_after(source.value, i) <= target), movable)
+        # the fewest of them that bring the extent down to the target: each move shrinks it,
+        # so a bisection over the count (each probe O(holes))
+        lo, hi = 1, movable
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if pools.extent_after(source.value, mid) <= target:
+                hi = mid
+            else:
+                lo = mid + 1
+        k = lo if movable else 0
         if k == 0:
             return False
         old, new = [m[0] for m in moves[:k]], [m[1] for m in moves[:k]]

@@ -6,10 +6,12 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from hicache.errors import ConfigError
 from hicache.units import check_int, check_number
+
+N = TypeVar("N", int, float)
 
 # configs/ of a source checkout (editable installs), found relative to the package.
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -86,3 +88,15 @@ def json_safe(obj: Any) -> Any:
 def print_json(obj: Any) -> None:
     """Print one JSON object that any JSON parser accepts (no NaN, no Infinity)."""
     print(json.dumps(json_safe(obj), indent=2, allow_nan=False))
+
+
+def parse_positive_list(text: str, flag: str, cast: Callable[[str], N], example: str) -> list[N]:
+    """``a,b,c`` as numbers > 0 (``cast``: int or float); a bad list is one ConfigError naming
+    ``flag``, e.g. ``--host-gib``, with an ``example`` of a good one."""
+    try:
+        values = [cast(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(flag, text, f"must be comma-separated numbers like {example}") from None
+    if not values or any(not v > 0 for v in values):
+        raise ConfigError(flag, text, "must list one or more numbers > 0")
+    return values

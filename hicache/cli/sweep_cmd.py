@@ -12,12 +12,13 @@ pages in tokens (with ``--budget shared``: the tokens our device + host bytes ho
 snapshot per mean prompt, :func:`hicache.engine.kvsim.shared_capacity_tokens`), scaled into
 its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib`` is the budget to pass to
 ``kvcache-simulator run --budgets-gib`` to reproduce ``sim_lru`` / ``sim_optimal``.
-Beside them, ``ref_hybrid_lru`` is the simulator's LRU at the same blocks resumed only at
-boundaries with a (free) snapshot where our engine offers one -- request ends, forks and
-prefill chunk ends (:mod:`hicache.engine.hybrid_ref`): what an LRU-ordered hybrid cache
-could reach at most; ``ref_block_lru`` is the same code's block LRU, which
-equals ``sim_lru`` (a check that both read the trace alike). A layout without state (MHA,
-MLA) resumes at any page, so it has no hybrid figure (None).
+Beside them, ``ref_hybrid_lru`` counts the same LRU at the same blocks as a hybrid model
+must: a hit ends at a boundary with a (free) snapshot where our engine offers one --
+request ends, forks, prefill chunk ends (:mod:`hicache.engine.hybrid_ref`, also ``hicache
+ref``); the gap to ``sim_lru`` is what the resume rule alone costs an LRU cache.
+``ref_block_lru`` is that code's attention-only count: kvcache-simulator's LRU reimplemented
+(the sweep test checks it against the simulator). A layout without state (MHA, MLA) resumes
+at any page, so it has no hybrid figure (None).
 
 L3 is off unless ``--storage`` names one: the simulator is given device + host bytes only,
 and an L3 would add bytes it does not have (an in-process ``memory://`` store would also
@@ -30,7 +31,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from hicache.cli.common import check_output, print_json
+from hicache.cli.common import check_output, parse_positive_list, print_json
 from hicache.cli.progress import Progress
 from hicache.cli.replay_cmd import (Workload, add_cache_args, add_engine_args, add_source_args, budget_overrides,
                                     engine_config, load_cache_config, load_requests, replay_once)
@@ -67,13 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def parse_budgets(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError("--host-gib", text, "must be comma-separated GiB figures like 0.5,1,2") from None
-    if not values or any(not v > 0 for v in values):
-        raise ConfigError("--host-gib", text, "must list one or more budgets > 0")
-    return values
+    return parse_positive_list(text, "--host-gib", float, "0.5,1,2 (GiB)")
 
 
 def _trace_for_sim(args: argparse.Namespace, work: Workload, page_tokens: int, tmp: str) -> str:
@@ -135,9 +130,12 @@ def run(args: argparse.Namespace) -> int:
             model = args.sim_model or kvsim.model_for(layout.model)
             sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
                                  indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)
+            # the engine's chunk ends fall every chunk_tokens rounded down to whole pages (the
+            # trace's blocks are our pages)
+            chunk_blocks = max(ecfg.chunk_tokens // sim["block_size"], 1)
             refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]],
-                                        chunk_blocks=ecfg.chunk_tokens // sim["block_size"])
-            out["ref_chunk_blocks"] = ecfg.chunk_tokens // sim["block_size"]
+                                        chunk_blocks=chunk_blocks)
+            out["ref_chunk_blocks"] = chunk_blocks
         for p, s, r in zip(points, sim["points"], refs):
             p.update(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
                      sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
@@ -190,9 +188,9 @@ def print_table(out: dict) -> None:
               f"indexer {out['sim_indexer_precision']}, last half measured, its ceiling {out['sim_ceiling']:.2%}; "
               f"rerun one point with: kvcache-simulator run --trace TRACE --model {out['sim_model']} "
               f"--budgets-gib SIM_GIB --policies lru,optimal")
-        print("hybrid LRU: the simulator's LRU at the same blocks, resumed only where a snapshot is offered "
-              f"(request ends, forks, every {out['ref_chunk_blocks']} blocks of prefill; snapshots free): the most an "
-              "LRU-ordered hybrid cache reaches (hicache.engine.hybrid_ref)")
+        print("hybrid LRU: the simulator's LRU at the same blocks, a hit counted only up to a boundary where a "
+              f"snapshot is offered (request ends, forks, every {out['ref_chunk_blocks']} blocks of prefill; "
+              "snapshots free): what the resume rule costs LRU (hicache ref)")
     else:
         print("kvcache-simulator not run (not installed, or --no-sim)")
 
@@ -210,7 +208,7 @@ def write_plot(path: str, out: dict) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(xs, [p["hit_rate_last_half"] for p in pts], "o-", label="hicache (last half)")
     for key, label in (("sim_lru", "kvcache-simulator LRU"), ("sim_optimal", "kvcache-simulator optimal"),
-                       ("ref_hybrid_lru", "hybrid LRU (resume at snapshots)")):
+                       ("ref_hybrid_lru", "LRU counted at snapshots (hybrid)")):
         if any(p.get(key) is not None for p in pts):
             ax.plot(xs, [p.get(key) for p in pts], "s--", label=label)
     ax.axhline(out["ceiling_last_half"], color="grey", linestyle=":", label="ceiling (unlimited memory)")

@@ -1,166 +1,170 @@
-"""A reference LRU for hybrid models: kvcache-simulator's block LRU, resumed only at snapshots.
+"""A reference for hybrid models: kvcache-simulator's LRU, counted at snapshot boundaries.
 
 kvcache-simulator models an attention-only prefix cache: a request hits every leading block
 still cached, so a conversation whose newest blocks were evicted still hits its older ones.
 A hybrid model (DeepSeek-V4's sliding-window and compressor state) can resume only at a
 boundary whose state snapshot is cached, so the same cache contents serve fewer tokens.
-This module measures that cost on a simulator trace, with the simulator's own LRU and
-measurement rules (every block of a request touched, blocks of the running request never
-evicted, hit tokens / prompt tokens over the last half of the requests)::
+This module replays a simulator trace through the simulator's own LRU -- the same trie of
+blocks (a block is its whole prefix), the same touches (the hit prefix), the same insertion
+(one least recently used unprotected leaf evicted per new block; a request stops inserting
+when none is left), the same measurement (hit tokens / hashed tokens over the last half of
+the requests, no figure when the cache was not full before that half) -- and counts each
+request's hit twice::
 
-    block LRU    hit = the leading blocks still cached, a partial last block's tokens
-                 included                                       (= kvcache-simulator LRU)
-    hybrid LRU   hit = the same, cut back to the deepest boundary with a snapshot
-                 snapshots: at the end of every earlier request's whole blocks, at the
-                 point where a request left a cached path (the fork; hicache's engine
-                 publishes one there, ``Boundary.BRANCH``), and with ``chunk_blocks`` at
-                 every prefill chunk end (each ``chunk_blocks`` blocks past the resume
-                 point, as the engine's chunked prefill publishes them); they cost no
-                 bytes, and one goes when the block it ends goes
+    block LRU    the leading blocks still cached, a partial last block's tokens included
+                 (= kvcache-simulator's LRU)
+    hybrid LRU   the same, cut back to the deepest whole-block boundary with a snapshot;
+                 snapshots (free, one goes when the block it ends goes) sit where
+                 hicache's engine offers one: the end of every earlier request's whole
+                 blocks, the point where a request left a cached path (the fork,
+                 ``Boundary.BRANCH``), and with ``chunk_blocks`` every prefill chunk end
+                 (each ``chunk_blocks`` blocks past the resume point)
 
-So the hybrid LRU is an upper bound for any cache that orders pages by LRU and needs a
-snapshot to resume -- its snapshots are free -- and the block LRU minus the hybrid LRU is
-what the resume rule alone costs at that capacity. ``hicache sweep`` reports it beside the
-simulator's figures (``ref_hybrid_lru``, with the engine's chunk size). Run standalone::
-
-    python -m hicache.engine.hybrid_ref TRACE.jsonl --blocks 380,571,952 [--chunk-blocks 16] [--json]
+The cache contents are the same for both, so the difference is what the resume rule alone
+costs an LRU cache at that capacity. It is a reference, not a bound: its order is the
+simulator's pure LRU, which keeps dead tails (blocks past the last snapshot) as long as any
+other block, where hicache evicts them first. ``hicache sweep`` reports it beside the
+simulator's figures (``ref_hybrid_lru``, with the engine's chunk size); ``hicache ref`` runs
+it alone.
 """
 
 from __future__ import annotations
 
-import argparse
 import heapq
-import json
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from hicache.errors import ConfigError
+from hicache.engine.workloads import ParsedTrace, parse_trace
 from hicache.units import check_int
 
 
 @dataclass(frozen=True)
-class Request:
-    """One trace line: its block hashes (one per ``block_size`` tokens, prefix-unique) and length."""
+class RefPoint:
+    """Last-half hit rates of both counts at one capacity; None when the cache was not full
+    before the measured half (the simulator's ``underfilled``)."""
 
-    hash_ids: tuple[int, ...]
-    input_length: int
-    block_size: int
+    capacity_blocks: int
+    block_lru: float | None
+    hybrid_lru: float | None
 
 
 @dataclass(frozen=True)
-class RefPoint:
-    """Last-half hit rates of both LRUs at one capacity."""
+class _Plan:
+    """The trace as a trie: per request, its blocks' node ids and token counts."""
 
-    capacity_blocks: int
-    block_lru: float
-    hybrid_lru: float
-
-
-def load_trace(path: str | Path) -> list[Request]:
-    """The requests of a kvcache-simulator trace (JSON lines with ``hash_ids``, ``input_length``,
-    ``block_size``); a bad line is one ConfigError naming it."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError("trace", str(path), "no such file")
-    out = []
-    with p.open() as f:
-        for no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-                out.append(Request(tuple(int(h) for h in r["hash_ids"]), int(r["input_length"]), int(r["block_size"])))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError("trace", f"{path}:{no}", f"not a simulator trace line ({exc})") from None
-    return out
+    requests: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]   # (nodes, lengths)
+    parent: tuple[int, ...]                                          # node -> parent (0: root)
+    block_size: int
 
 
-def hit_rate(requests: Sequence[Request], capacity_blocks: int, *, hybrid: bool, chunk_blocks: int = 0) -> float:
-    """Last-half hit rate of an LRU block cache holding ``capacity_blocks`` (module docstring)."""
+def _plan(trace: ParsedTrace) -> _Plan:
+    edges: dict[tuple[int, str], int] = {}
+    parent = [0]
+    requests = []
+    for line in trace.lines:
+        node, nodes = 0, []
+        for key in line.keys:
+            nxt = edges.get((node, key))
+            if nxt is None:
+                nxt = edges[(node, key)] = len(parent)
+                parent.append(node)
+            nodes.append(nxt)
+            node = nxt
+        requests.append((tuple(nodes), line.lengths))
+    return _Plan(tuple(requests), tuple(parent), trace.block_size)
+
+
+def hit_rates(plan: _Plan, capacity_blocks: int, *, chunk_blocks: int = 0) -> tuple[float | None, float | None]:
+    """(block LRU, hybrid LRU) last-half hit rates at ``capacity_blocks`` (module docstring)."""
     check_int("capacity_blocks", capacity_blocks, minimum=1, reason="must be a positive integer")
     check_int("chunk_blocks", chunk_blocks, minimum=0, reason="must be 0 (no chunk snapshots) or a block count")
-    key: dict[int, tuple[int, int]] = {}    # cached block -> its LRU key (request index, -position)
-    heap: list[tuple[tuple[int, int], int]] = []
-    snapshots: set[int] = set()             # blocks that end a boundary with a snapshot
-    half = len(requests) // 2
-    hit = total = 0
-    for i, r in enumerate(requests):
-        h, whole = r.hash_ids, r.input_length // r.block_size
+    parent, bs = plan.parent, plan.block_size
+    present = bytearray(len(parent))
+    present[0] = 1
+    children = [0] * len(parent)
+    key = [0] * len(parent)           # access clock of each cached node
+    heap: list[tuple[int, int]] = []  # (key, node): leaves, lazily deleted
+    snapshots: set[int] = set()       # nodes whose end has a snapshot
+    size = clock = 0
+    warmup = len(plan.requests) // 2
+    full = False
+    hit = hyb = total = 0
+
+    def touch(node: int) -> None:
+        nonlocal clock
+        clock += 1
+        key[node] = clock
+        if not children[node]:
+            heapq.heappush(heap, (clock, node))
+
+    def evict(protected: set[int]) -> bool:
+        nonlocal size
+        held = []
+        try:
+            while heap:
+                k, node = heapq.heappop(heap)
+                if not present[node] or children[node] or key[node] != k:
+                    continue                   # stale entry
+                if node in protected:
+                    held.append((k, node))
+                    continue
+                present[node] = 0
+                size -= 1
+                snapshots.discard(node)
+                p = parent[node]
+                children[p] -= 1
+                if p and present[p] and not children[p]:
+                    heapq.heappush(heap, (key[p], p))
+                return True
+            return False
+        finally:
+            for entry in held:
+                heapq.heappush(heap, entry)
+
+    for i, (nodes, lengths) in enumerate(plan.requests):
+        if i >= warmup and not full:
+            return None, None
         k = 0
-        while k < len(h) and h[k] in key:
+        while k < len(nodes) and present[nodes[k]]:
             k += 1
-        # the simulator counts a cached partial last block's tokens; a hybrid resume point
-        # is a whole-block boundary
-        got = min(k * r.block_size, r.input_length)
-        k = min(k, whole)
-        fork = k
-        if hybrid:
-            while k > 0 and h[k - 1] not in snapshots:
-                k -= 1
-            got = k * r.block_size
-        if i >= half:
-            hit += got
-            total += r.input_length
-        for j, b in enumerate(h):
-            key[b] = (i, -j)
-            heapq.heappush(heap, ((i, -j), b))
-        if whole:
-            snapshots.add(h[whole - 1])
+        whole = 0
+        while whole < len(lengths) and lengths[whole] == bs:
+            whole += 1
+        fork = resume = min(k, whole)
+        while resume and nodes[resume - 1] not in snapshots:
+            resume -= 1
+        if i >= warmup:
+            total += sum(lengths)
+            hit += sum(lengths[:k])
+            hyb += sum(lengths[:resume])
+        for node in nodes[:k]:
+            touch(node)
+        protected = set(nodes[:k])
+        for node in nodes[k:]:
+            if size >= capacity_blocks and not evict(protected):
+                break
+            if size >= capacity_blocks or not present[parent[node]]:
+                break
+            present[node] = 1
+            size += 1
+            children[parent[node]] += 1
+            touch(node)
+            if size >= capacity_blocks and i < warmup:
+                full = True
+        ends = [q for q in range(resume + chunk_blocks, whole, chunk_blocks)] if chunk_blocks else []
+        ends.append(whole)
         if 0 < fork < whole:
-            snapshots.add(h[fork - 1])
-        if chunk_blocks:
-            snapshots.update(h[q - 1] for q in range(k + chunk_blocks, whole, chunk_blocks))
-        running, held = set(h), []
-        while len(key) > capacity_blocks and heap:
-            entry = heapq.heappop(heap)
-            b = entry[1]
-            if key.get(b) != entry[0]:
-                continue                    # stale: the block was touched again since
-            if b in running:
-                held.append(entry)          # the running request's blocks stay
-                continue
-            del key[b]
-            snapshots.discard(b)
-        for entry in held:
-            heapq.heappush(heap, entry)
-    return hit / total if total else 0.0
+            ends.append(fork)
+        snapshots.update(nodes[q - 1] for q in ends if q and present[nodes[q - 1]])
+    if not full or not total:
+        return None, None
+    return hit / total, hyb / total
 
 
 def reference(path: str | Path, capacities_blocks: Sequence[int], *, chunk_blocks: int = 0) -> list[RefPoint]:
-    """Both LRUs at each capacity (the hybrid one with chunk-end snapshots every ``chunk_blocks``)."""
-    requests = load_trace(path)
-    return [RefPoint(c, hit_rate(requests, c, hybrid=False),
-                     hit_rate(requests, c, hybrid=True, chunk_blocks=chunk_blocks)) for c in capacities_blocks]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hicache.engine.hybrid_ref", description=__doc__.split("\n")[0])
-    ap.add_argument("trace", help="kvcache-simulator trace (JSON lines)")
-    ap.add_argument("--blocks", required=True, help="capacities in blocks, comma-separated")
-    ap.add_argument("--chunk-blocks", type=int, default=0,
-                    help="a snapshot every N blocks past the resume point (prefill chunk ends); 0: none")
-    ap.add_argument("--json", action="store_true")
-    args = ap.parse_args(argv)
-    try:
-        caps = [int(c) for c in args.blocks.split(",")]
-    except ValueError:
-        print(f"error: --blocks {args.blocks!r}: must be comma-separated integers", file=sys.stderr)
-        return 2
-    try:
-        points = reference(args.trace, caps, chunk_blocks=args.chunk_blocks)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps([asdict(p) for p in points], indent=2))
-    else:
-        print(f"{'blocks':>8} {'block LRU':>10} {'hybrid LRU':>11}")
-        for p in points:
-            print(f"{p.capacity_blocks:>8} {100 * p.block_lru:>9.1f}% {100 * p.hybrid_lru:>10.1f}%")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    """Both counts at each capacity, on the trace at ``path`` read as kvcache-simulator reads
+    it (:func:`hicache.engine.workloads.trace_parse.parse_trace`; ConfigError where it
+    refuses the trace)."""
+    plan = _plan(parse_trace(path))
+    return [RefPoint(c, *hit_rates(plan, c, chunk_blocks=chunk_blocks)) for c in capacities_blocks]

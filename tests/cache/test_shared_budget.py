@@ -254,7 +254,7 @@ def test_stress_shared_budget_compacts_and_stays_whole(policy, tier):
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), device_pages=st.integers(6, 16), host_pages=st.integers(4, 30),
        snaps=st.integers(1, 5), retention=st.sampled_from([None, 0, 8]), policy=st.sampled_from(POLICIES),
-       eviction=st.sampled_from(["lru", "lfu"]), running=st.integers(1, 4),
+       eviction=st.sampled_from(["lru", "lfu", "value"]), running=st.integers(1, 4),
        layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]),
        cap=st.sampled_from([None, None, 0.5]), queue=st.sampled_from([2, 4096]))
 def test_shared_budget_random_operations(seed, device_pages, host_pages, snaps, retention, policy, eviction,

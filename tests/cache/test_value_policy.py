@@ -134,3 +134,4 @@ def test_a_request_passing_a_branch_points_snapshot_keeps_it_warm_under_value(ev
     assert eng.cache.match(toks(1, 2, 6, extra=1)).resume_tokens == fork_tokens
     assert eng.cache.match(toks(1, 2, 4, extra=1)).resume_tokens == (8 if eviction == "value" else 12)
     eng.cache.check_integrity()
+    eng.cache.close()

@@ -37,7 +37,8 @@ def test_sweep_matches_kvcache_simulator_run(trace, tmp_path, capsys):
         assert p["sim_blocks"] == (p["device_pages"] + p["host_pages"]) * 16 // 16
         # our reference reads the trace as the simulator does: its block LRU is the simulator's
         assert p["ref_block_lru"] == pytest.approx(p["sim_lru"], abs=1e-9)
-        assert p["ref_hybrid_lru"] <= p["ref_block_lru"]
+        assert p["ref_hybrid_lru"] is not None
+    assert out["ref_chunk_blocks"] == 4096 // 16
     for p in out["points"]:
         dump = tmp_path / "sim.json"
         assert cli.main(["run", "--trace", str(trace), "--model", out["sim_model"], "--budgets-gib",
@@ -56,3 +57,13 @@ def test_sweep_table_workload_and_bad_budgets(capsys):
     assert main(["sweep", *ARGS[:-3], "--host-gib", "1,x", "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--host-gib" in err[0]
+
+
+def test_sweep_table_prints_the_hybrid_reference_and_none_without_state(trace, capsys):
+    pytest.importorskip("kvcache_sim.cli")
+    assert main(["sweep", *ARGS, "--trace", str(trace)]) == 0
+    table = capsys.readouterr().out
+    assert "hybrid LRU" in table and "what the resume rule costs LRU" in table
+    assert main(["sweep", "--config", "tiny-mha", *ARGS[2:], "--trace", str(trace), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert all(p["ref_hybrid_lru"] is None and p["ref_block_lru"] is not None for p in out["points"])

@@ -8,6 +8,7 @@ Interface of the package (everything else is internal)::
     load_trace(path)                                   # kvcache-simulator / Mooncake JSONL
     read_trace(path)                                   # -> LoadedTrace (+ skipped / parse errors)
     write_trace(requests, path, block_size)            # -> TraceWritten
+    parse_trace(path)                                  # -> ParsedTrace: the records as kvcache-simulator counts them
     summarize(requests, page_tokens=256)               # -> WorkloadStats (incl. reuse ceiling)
 
 Every workload is deterministic: the same arguments give the same token ids and arrival
@@ -23,11 +24,12 @@ from hicache.engine.workloads.synthetic import (PRESETS, SyntheticOverrides, Syn
                                                 synthetic_spec)
 from hicache.engine.workloads.tokenizer import ChatTokenizer
 from hicache.engine.workloads.trace import LoadedTrace, TraceWritten, load_trace, read_trace, write_trace
+from hicache.engine.workloads.trace_parse import ParsedTrace, parse_trace
 
 __all__ = [
     "Request", "Conversation", "ArrivalSpec", "schedule", "WorkloadStats", "summarize", "reusable_per_request",
     "synthetic", "synthetic_spec", "SyntheticSpec", "SyntheticOverrides", "PRESETS", "agentic", "AgenticSpec",
     "sharegpt", "read_conversations", "DEFAULT_SYSTEM_PROMPT",
-    "load_trace", "read_trace", "LoadedTrace", "write_trace", "TraceWritten",
+    "load_trace", "read_trace", "LoadedTrace", "write_trace", "TraceWritten", "parse_trace", "ParsedTrace",
     "ChatTokenizer",
 ]
