@@ -102,7 +102,7 @@ class ConfiguredPolicy:
         # A branch point's snapshot (two or more children) is what every sibling of the
         # request's path resumes from, but a request that resumes deeper never touches it:
         # by access time alone it aged while its prefix was in constant use, and went before
-        # the leaves below it (agentic traces: +0.4 to +1.0 points at the two tightest
+        # the leaves below it (agentic traces: +0.2 to +1.0 points at the two tightest
         # budgets). Under lru / lfu access means resuming there, as before.
         if not self._by_value:
             return []
