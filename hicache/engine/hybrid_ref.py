@@ -50,7 +50,7 @@ class RefPoint:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class TracePlan:
     """The trace as a trie: per request, its blocks' node ids and token counts."""
 
     requests: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]   # (nodes, lengths)
@@ -58,7 +58,8 @@ class _Plan:
     block_size: int
 
 
-def _plan(trace: ParsedTrace) -> _Plan:
+def plan_trace(trace: ParsedTrace) -> TracePlan:
+    """Intern each request's blocks into trie nodes, as the simulator's execution plan does."""
     edges: dict[tuple[int, str], int] = {}
     parent = [0]
     requests = []
@@ -72,10 +73,10 @@ def _plan(trace: ParsedTrace) -> _Plan:
             nodes.append(nxt)
             node = nxt
         requests.append((tuple(nodes), line.lengths))
-    return _Plan(tuple(requests), tuple(parent), trace.block_size)
+    return TracePlan(tuple(requests), tuple(parent), trace.block_size)
 
 
-def hit_rates(plan: _Plan, capacity_blocks: int, *, chunk_blocks: int = 0) -> tuple[float | None, float | None]:
+def hit_rates(plan: TracePlan, capacity_blocks: int, *, chunk_blocks: int = 0) -> tuple[float | None, float | None]:
     """(block LRU, hybrid LRU) last-half hit rates at ``capacity_blocks`` (module docstring)."""
     check_int("capacity_blocks", capacity_blocks, minimum=1, reason="must be a positive integer")
     check_int("chunk_blocks", chunk_blocks, minimum=0, reason="must be 0 (no chunk snapshots) or a block count")
@@ -166,5 +167,5 @@ def reference(path: str | Path, capacities_blocks: Sequence[int], *, chunk_block
     """Both counts at each capacity, on the trace at ``path`` read as kvcache-simulator reads
     it (:func:`hicache.engine.workloads.trace_parse.parse_trace`; ConfigError where it
     refuses the trace)."""
-    plan = _plan(parse_trace(path))
+    plan = plan_trace(parse_trace(path))
     return [RefPoint(c, *hit_rates(plan, c, chunk_blocks=chunk_blocks)) for c in capacities_blocks]

@@ -8,7 +8,7 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hicache.engine.hybrid_ref import _plan, hit_rates, reference
+from hicache.engine.hybrid_ref import hit_rates, plan_trace, reference
 from hicache.engine.workloads import parse_trace
 from hicache.errors import ConfigError
 
@@ -23,7 +23,7 @@ def write(tmp_path, reqs, name="t.jsonl"):
 
 
 def rates(tmp_path, reqs, cap, chunk_blocks=0):
-    return hit_rates(_plan(parse_trace(write(tmp_path, reqs))), cap, chunk_blocks=chunk_blocks)
+    return hit_rates(plan_trace(parse_trace(write(tmp_path, reqs))), cap, chunk_blocks=chunk_blocks)
 
 
 def test_a_hybrid_hit_ends_at_a_request_end_or_a_fork(tmp_path):
@@ -64,7 +64,7 @@ def test_a_cache_not_full_before_the_measured_half_has_no_figure(tmp_path):
 
 
 def test_bad_capacity_and_chunk_are_config_errors(tmp_path):
-    plan = _plan(parse_trace(write(tmp_path, [([1], 16), ([1], 16)])))
+    plan = plan_trace(parse_trace(write(tmp_path, [([1], 16), ([1], 16)])))
     for kw in ({"capacity_blocks": 0}, {"capacity_blocks": 2, "chunk_blocks": -1}):
         with pytest.raises(ConfigError):
             hit_rates(plan, **kw)
