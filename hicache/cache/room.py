@@ -143,7 +143,7 @@ class Room:
         """Demote or drop one device victim (write_back: back it up first, when the policy
         finds it worth a host copy); False if it stays.
 
-        The victim goes whole, unlike with split pools (``Residency.trim``): cutting it to
+        The victim goes whole, unlike with split pools (``Residency._trim``): cutting it to
         the ask measured 3.5 points worse on ShareGPT seed 1 at the tightest budget. A
         snapshot ask cannot use the holes a cut tail leaves until compaction moves pages
         into them, and the page frontier is usually a running request's (pinned).

@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
                      sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
                      sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"],
                      ref_block_lru=r.block_lru,
-                     # a layout without state resumes at any page: its bound is the block LRU
+                     # a layout without state resumes at any page: only the block count applies
                      ref_hybrid_lru=r.hybrid_lru if layout.object_bytes("state") else None)
         k = sim["kvsim"]
         out.update(sim_model=k["model"], sim_kv_precision=k["kv_precision"],

@@ -153,7 +153,7 @@ def hit_rates(plan: TracePlan, capacity_blocks: int, *, chunk_blocks: int = 0) -
             touch(node)
             if size >= capacity_blocks and i < warmup:
                 full = True
-        ends = [q for q in range(resume + chunk_blocks, whole, chunk_blocks)] if chunk_blocks else []
+        ends = list(range(resume + chunk_blocks, whole, chunk_blocks)) if chunk_blocks else []
         ends.append(whole)
         if 0 < fork < whole:
             ends.append(fork)
