@@ -87,6 +87,12 @@ class Copies:
             self._handles.pop(ack.tag, None)
         return acks
 
+    def settle(self) -> None:
+        """Launch what is queued and wait for every launched copy -- a lease's loads too,
+        which have no handle here -- so the next poll collects all of them."""
+        self._ctl.step()
+        self._ctl.wait_launched()
+
     def wait_all(self, timeout: float | None = None) -> None:
         """Launch what is queued and wait for every copy in flight (drain, shutdown)."""
         self._ctl.step()

@@ -439,8 +439,14 @@ class HiCache:
         """Launch every queued copy (one batched transfer per family and direction)."""
         self._copies.step()
 
-    def poll(self) -> int:
-        """Launch queued copies and apply finished ones to the tree; returns acks applied."""
+    def poll(self, *, wait: bool = False) -> int:
+        """Launch queued copies and apply finished ones to the tree; returns acks applied.
+
+        ``wait``: first launch and wait for every device <-> host copy queued so far, the
+        leases' loads included (not L3 transfers), so what is applied does not depend on the copy threads' timing -- a
+        simulation that polls at its step boundaries is then reproducible."""
+        if wait:
+            self._copies.settle()
         self._copies.step()
         n = self._apply_acks()
         self._after_puts(self._l3.poll())

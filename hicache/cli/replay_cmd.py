@@ -87,6 +87,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify", choices=["full", "sample", "off"], default="sample",
                    help="page checks: every byte (full, for CI proofs), sampled words of every page "
                         "(sample, default) or none (off)")
+    p.add_argument("--copy-landing", choices=["step", "wallclock"], default="step",
+                   help="step: a step's device<->host copies land by its end, so replays repeat exactly "
+                        "(default); wallclock: they land when the copy threads finish (as a live engine)")
     clock = p.add_argument_group("virtual clock (default: the config's engine: section, else built-in)")
     clock.add_argument("--prefill-tps", type=float, help="prefill tokens per second")
     clock.add_argument("--decode-step-ms", type=float, help="one decode iteration of the batch, ms")
@@ -183,7 +186,8 @@ def engine_config(args: argparse.Namespace, path: Path):
                 positive_number(f"--{flag.replace('_', '-')}", v)
             flags[key] = v * scale
     clock = clock_from_mapping(read_config_file(path).get("engine"), source=str(path), **flags)
-    return EngineConfig(max_running=args.max_running, admission=args.admission, verify=args.verify, clock=clock)
+    return EngineConfig(max_running=args.max_running, admission=args.admission, verify=args.verify,
+                        copy_landing=args.copy_landing, clock=clock)
 
 
 @dataclass

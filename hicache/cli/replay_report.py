@@ -112,6 +112,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_planned_pages": sum(r.l3_planned_pages for r in recs),
         "l3_landed_pages": sum(r.l3_landed_pages for r in recs),
         "verify": ecfg.verify,
+        "copy_landing": ecfg.copy_landing,
         "clock": dataclasses.asdict(ecfg.clock),
         "virtual_s": round(report.virtual_s, 3),
         "wall_s": round(report.wall_s, 2),

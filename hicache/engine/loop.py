@@ -9,7 +9,7 @@ of the cache, per request::
     step:     one cache.step() for all loads
     prefill:  wait -> verify borrowed pages -> alloc -> compute chunk -> publish (mid-flight)
     decode:   compute stride ... last stride -> publish at finish with a snapshot -> release
-    end:      cache.poll()
+    end:      cache.poll()  (waiting for the step's copies: EngineConfig.copy_landing)
 
 "Compute" writes synthetic page and snapshot contents derived from the token prefix
 (:mod:`hicache.engine.contents`), so every page a request borrows -- whichever tier it came
@@ -31,7 +31,7 @@ import numpy as np
 from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.engine import contents
 from hicache.engine.clock import ClockConfig
-from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, EngineRequest, Job,
+from hicache.engine.records import (ADMISSION_POLICIES, CopyLanding, EngineConfig, EngineReport, EngineRequest, Job,
                                     NullExecutor, RequestRecord)
 from hicache.engine.scheduler import Scheduler
 
@@ -85,8 +85,10 @@ class CacheExecutor:
     """The scheduler's requests carried out on a :class:`HiCache`, with the clock deciding
     how much of each L3 prefetch has landed when its request is admitted."""
 
-    def __init__(self, cache: HiCache, verify: contents.VerifyMode, clock: ClockConfig):
+    def __init__(self, cache: HiCache, verify: contents.VerifyMode, clock: ClockConfig,
+                 copy_landing: CopyLanding = "step"):
         self.cache = cache
+        self.settle = copy_landing == "step"   # EngineConfig.copy_landing
         self.mode = verify
         self.clock = clock
         self.page_tokens = cache.page_tokens
@@ -202,15 +204,17 @@ class CacheExecutor:
         self.cache.step()
 
     def poll(self) -> None:
-        self.cache.poll()
+        self.cache.poll(wait=self.settle)
 
     def drain(self) -> None:
         self.cache.drain()
 
     def moved(self) -> tuple[int, int]:
-        """Bytes copied host -> device and device -> host so far."""
+        """Bytes of the host -> device and device -> host copies launched so far (counted
+        at launch, which happens at fixed points of the replay, not when a copy thread
+        finishes: the clock does not depend on thread timing)."""
         t = self.cache.transfer_stats()
-        return t["h2d"]["bytes"], t["d2h"]["bytes"]
+        return t["h2d"]["launched_bytes"], t["d2h"]["launched_bytes"]
 
     def close(self) -> None:
         self.drop_prefetches()
@@ -232,7 +236,7 @@ class ReferenceEngine:
         null = NullExecutor(self.cache.page_tokens, self.cache.pools.device.capacity("page"),
                             snapshot_overhead_pages(self.cache))
         baseline = Scheduler(null, self.cfg).run(requests)
-        ex = CacheExecutor(self.cache, self.cfg.verify, self.cfg.clock)
+        ex = CacheExecutor(self.cache, self.cfg.verify, self.cfg.clock, self.cfg.copy_landing)
         report = Scheduler(ex, self.cfg, self.progress).run(requests)
         uncached = {r.request_id: r.ttft_s for r in baseline.records}
         for r in report.records:

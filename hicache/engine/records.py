@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -16,6 +16,8 @@ from hicache.errors import ConfigError
 from hicache.units import check_int
 
 ADMISSION_POLICIES = ("reserve", "greedy")
+CopyLanding = Literal["step", "wallclock"]
+COPY_LANDINGS = ("step", "wallclock")
 INF = math.inf
 
 
@@ -36,6 +38,14 @@ class EngineConfig:
     (:data:`hicache.engine.contents.VerifyMode`). ``prefetch_ahead``: queued requests
     that get an L3 prefetch before admission (default ``max_running``). ``clock``: the
     cost model of the virtual clock.
+
+    ``copy_landing``: when the device <-> host copies a step launched are applied to the
+    cache. ``step`` (default): every one lands by the end of its step (the engine waits
+    for the copy threads before polling), so which backups have landed when the next step
+    evicts does not depend on thread timing and a replay is reproducible run to run; their
+    time is the clock's either way. ``wallclock``: a copy is applied at the first poll after
+    its worker thread finished it, as a live engine sees it (results then vary slightly from
+    run to run). L3 transfers are not affected (their landing is on the clock).
     """
 
     max_running: int = 16
@@ -45,6 +55,7 @@ class EngineConfig:
     verify: VerifyMode = "sample"
     admission: str = "reserve"
     prefetch_ahead: int | None = None
+    copy_landing: CopyLanding = "step"
     clock: ClockConfig = field(default_factory=ClockConfig)
 
     def __post_init__(self) -> None:
@@ -55,6 +66,8 @@ class EngineConfig:
         if self.verify not in VERIFY_MODES:
             raise ConfigError("verify", self.verify, f"must be one of {list(VERIFY_MODES)}")
         check_int("prefetch_ahead", self.prefetch_ahead, minimum=0, optional=True)
+        if self.copy_landing not in COPY_LANDINGS:
+            raise ConfigError("copy_landing", self.copy_landing, f"must be one of {list(COPY_LANDINGS)}")
 
     @property
     def lookahead(self) -> int:

@@ -95,6 +95,7 @@ class Scheduler:
         self.report = EngineReport()
         self.records: dict[int, RequestRecord] = {}
         self.now = self.prev_now = 0.0
+        self.charged = self.ex.moved()   # copy bytes already charged to the clock (h2d, d2h)
         self.waiting = sorted(requests, key=lambda r: (r.arrival_s, r.request_id), reverse=True)
         self.queue: list = []      # ready, not admitted, in arrival order (first come first served)
         self.retry: list = []      # preempted or failed loads: before the queue
@@ -186,11 +187,13 @@ class Scheduler:
         self.now = max(self.now, nxt)
 
     def _step(self) -> None:
-        h2d0, d2h0 = self.ex.moved()
+        # Copies are charged to the step that follows their launch: those launched between
+        # steps (a load queued at admission that an eviction's backup launched early) too.
+        h2d0, d2h0 = self.charged
         self.ex.step()  # every load of this step as one batched copy
         work = self._batch()
         self.ex.poll()
-        h2d1, d2h1 = self.ex.moved()
+        h2d1, d2h1 = self.charged = self.ex.moved()
         blocking = d2h1 - d2h0 if self.ex.blocking_d2h else 0
         start = self.now
         self.now += self.clock.step_s(work.prefill_tokens, work.decode_iterations, h2d1 - h2d0, blocking)

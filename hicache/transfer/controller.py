@@ -73,7 +73,7 @@ class TransferController:
         self._batch_seq = 0
         self._closed = False
         self._stats = {d: {"bytes": 0, "seconds": 0.0, "ops": 0, "batches": 0, "launches": 0,
-                           "failures": 0} for d in DIRECTIONS}
+                           "failures": 0, "launched_bytes": 0} for d in DIRECTIONS}
 
     # -- submission -----------------------------------------------------------------------
     def _tiers(self, direction: str) -> tuple[TierPools, TierPools]:
@@ -207,6 +207,7 @@ class TransferController:
                     op.batch = b
                 self._inflight[direction].append(b)
                 self._exec.submit(b)
+                self._stats[direction]["launched_bytes"] += b.nbytes
                 batches += 1
                 nbytes += b.nbytes
         return StepReport(len(ops), batches, len(phases), nbytes)
@@ -223,6 +224,11 @@ class TransferController:
         st["failures"] += error is not None
         return Ack(op.tag, op.kind, op.direction, op.source, torch.from_numpy(op.src_ids.copy()),
                    torch.from_numpy(op.dst_ids.copy()), error is None, error, op.seq)
+
+    def wait_launched(self, timeout: float | None = None) -> bool:
+        """Wait until every launched batch (both directions) has finished; False if
+        ``timeout`` passed first. Queued ops are not launched: call ``step()`` first."""
+        return all(b.wait(timeout) for d in DIRECTIONS for b in list(self._inflight[d]))
 
     def poll(self) -> list[Ack]:
         """Acks of every finished op not acked yet, in submission order per direction."""
@@ -248,7 +254,8 @@ class TransferController:
         return self._unacked_ops
 
     def stats(self) -> dict:
-        """Per direction: bytes and seconds of acked-ok batches, ops, batches, launches,
+        """Per direction: bytes and seconds of acked-ok batches, bytes of every launched
+        batch (``launched_bytes``: known when it launches, whatever its outcome), ops, batches, launches,
         failures; plus the backend and what is queued now."""
         out: dict = {d: dict(v) for d, v in self._stats.items()}
         for d in DIRECTIONS:

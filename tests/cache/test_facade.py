@@ -365,3 +365,21 @@ def test_publish_with_other_prefix_tokens_is_refused():
     with pytest.raises(MisuseError, match="differ"):
         eng.cache.publish(lease, toks(7, 7, extra=1), 2)
     eng.cache.release(lease)
+
+
+def test_poll_with_wait_applies_a_copy_still_in_flight():
+    import threading
+
+    eng = Engine(make_cache(device_pages=8, write_policy="write_through"))
+    gate = threading.Event()
+    eng.cache.set_fault_injector(lambda point: gate.wait(5))   # the copy thread holds every batch
+    x = toks(1, 2, extra=1)
+    _, lease = eng.run(x, release=False)           # write_through: backups queued at publish
+    eng.cache.poll()
+    assert eng.cache.transfer_stats()["queued_ops"] == 2   # pages + snapshot, held by their thread
+    threading.Timer(0.05, gate.set).start()
+    eng.cache.poll(wait=True)                      # waits for the thread, then applies it
+    assert eng.cache.transfer_stats()["queued_ops"] == 0 and node_of(eng.cache, x[:8]).on_host
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+    eng.cache.close()

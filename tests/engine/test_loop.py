@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from hicache.engine.loop import EngineConfig, ReferenceEngine
+from hicache.errors import ConfigError
 from hicache.engine.workloads import synthetic
 from tests.cache.conftest import make_cache
 
@@ -144,3 +146,47 @@ def test_a_request_leaving_a_cached_path_leaves_a_resume_point_at_the_fork():
     rep = run(cache, reqs, max_running=1, chunk_tokens=64)
     assert [r.hit_tokens for r in rep.records] == [0, 0, 12]
     assert rep.mismatched_pages == 0
+
+
+@pytest.mark.parametrize("landing, waits", [("step", True), ("wallclock", False)])
+def test_copy_landing_step_waits_for_every_copy_at_each_poll(landing, waits):
+    cache = make_cache(device_pages=24, host_pages=30, device_snaps=4, host_snaps=6, retention=0,
+                       write_policy="write_back", host_tier="exclusive", storage="none://")
+    seen = []
+    poll = cache.poll
+
+    def spy(*, wait=False):
+        seen.append(wait)
+        return poll(wait=wait)
+
+    cache.poll = spy   # type: ignore[method-assign]
+    rep = run(cache, small_chat(n=6, seed=3), max_running=3, chunk_tokens=8, copy_landing=landing)
+    assert rep.mismatched_pages == 0 and seen and set(seen) == {waits}
+
+
+def test_copy_landing_is_checked():
+    with pytest.raises(ConfigError, match="copy_landing"):
+        EngineConfig(copy_landing="later")
+
+
+def test_copies_launched_between_steps_are_charged_to_the_next_step():
+    from hicache.engine.records import NullExecutor
+    from hicache.engine.scheduler import Scheduler
+
+    class Moving(NullExecutor):
+        """Each admission launches a 1 GB load (as an eviction's backup launching a queued
+        load would): the clock must charge it to the step that follows."""
+        loaded = 0
+
+        def admit(self, job, now, first):
+            Moving.loaded += 10**9
+            return super().admit(job, now, first)
+
+        def moved(self):
+            return Moving.loaded, 0
+
+    reqs = small_chat(n=1)[:1]
+    cfg = EngineConfig(max_running=1)
+    plain = Scheduler(NullExecutor(4, 1000, 0), cfg).run(reqs).records[0].ttft_s
+    loaded = Scheduler(Moving(4, 1000, 0), cfg).run(reqs).records[0].ttft_s
+    assert loaded == pytest.approx(plain + 10**9 / (cfg.clock.h2d_gbps * 1e9))
