@@ -49,6 +49,7 @@ from hicache.cache.allocator import Allocator
 from hicache.cache.copies import Copies
 from hicache.cache.l3tier import L3Tier, Prefetch, PutDone
 from hicache.cache.lease import Lease
+from hicache.cache.loads import Loader
 from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
 from hicache.cache.publisher import Publisher
 from hicache.cache.residency import Residency
@@ -59,7 +60,7 @@ from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
 from hicache.pools import AllocResult, Source, Tier, TieredPools, build_pools
-from hicache.transfer import Ack, Direction, FaultInjector, LoadHandle, TransferConfig
+from hicache.transfer import Ack, FaultInjector, TransferConfig
 from hicache.tree import ROOT_HASH, Boundary, PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode, chain_hashes
 
 DEVICE, HOST, PAGE, STATE = Tier.DEVICE, Tier.HOST, Source.PAGE, Source.STATE
@@ -86,6 +87,8 @@ class HiCache:
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)
         self._allocator = Allocator(self._residency, self._copies, self._apply)
+        self._loader = Loader(self._residency, self._allocator, self._copies, self._apply,
+                              self._policy.exclusive_host)
         self._publisher = Publisher(self._tree, self._policy.retention)
         self._l3 = L3Tier(self.config.storage, layout, self._tree, pools.host, pools.plan.host_bytes,
                           pools.plan.page_bytes)
@@ -164,7 +167,7 @@ class HiCache:
         toks = match.tokens
         r, node, loads = self._lock_resume_point(toks)
         lease = self._open_lease(toks, r, node)
-        self._submit_loads(loads)
+        self._loader.submit(loads)
         chain = list(node.iter_ancestors())[::-1]
         deps = [n.load_ticket for n in chain if n.load_ticket is not None]
         if r.snapshot is not None and r.snapshot.load_ticket is not None:
@@ -188,7 +191,7 @@ class HiCache:
         r = self._tree.resume_point(path)
         node = self._tree.node_at(path, r.pages)
         self._pin(node, r.snapshot)  # before making room: eviction must not take them
-        loads = self._queue_load(node, r.snapshot)
+        loads = self._loader.queue(node, r.snapshot)
         if loads is not None:
             return r, node, loads
         self._unpin(node, r.snapshot)
@@ -209,24 +212,6 @@ class HiCache:
         if snap is not None:
             self._drop(self._publisher.unpin(snap))
 
-    def _queue_load(self, node: TreeNode, snap: Snapshot | None) -> list[Load] | None:
-        """Device rows for every shadow page up to ``node`` and for the snapshot: the loads
-        to submit, or None (nothing allocated) when there is no room."""
-        res = self._residency
-        plan = res.load_plan(node, snap)
-        if plan is None:
-            return None
-        res.hold_sources(plan, +1)  # keep the source rows from host eviction while we make room
-        pages = self._allocator.alloc(DEVICE, PAGE, plan.pages) if plan.pages else None
-        state = (self._allocator.alloc(DEVICE, STATE, 1)
-                 if plan.snapshot is not None and (pages is None or pages.ok) else None)
-        if (pages is not None and not pages.ok) or (state is not None and not state.ok):
-            res.hold_sources(plan, -1)
-            if pages is not None and pages.ok:
-                res.free(DEVICE, PAGE, pages.ids.numpy())
-            return None
-        return res.loads_for(plan, pages, state)
-
     def _open_lease(self, toks: np.ndarray, r: ResumePoint, node: TreeNode) -> Lease:
         P = self.page_tokens
         lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * P, page_table=[],
@@ -242,23 +227,6 @@ class HiCache:
         for snap in self._policy.passed_snapshots(chain):
             snap.last_access = self._tree.clock
         return lease
-
-    def _submit_loads(self, loads: list[Load]) -> None:
-        for load in loads:
-            if load.nodes:
-                assert load.page_dst is not None
-                src = np.concatenate([n.host_ids for n in load.nodes if n.host_ids is not None])
-                ticket = self._copies.submit(Direction.H2D, PAGE, src, load.page_dst, load)
-                assert isinstance(ticket, LoadHandle)
-                load.ticket = ticket
-                for n in load.nodes:
-                    n.load_ticket = ticket
-            else:
-                assert load.snap is not None
-                ticket = self._copies.submit(Direction.H2D, STATE, np.asarray([load.snap_src]),
-                                             np.asarray([load.snap_dst]), load)
-                assert isinstance(ticket, LoadHandle)
-                load.ticket = load.snap.load_ticket = ticket
 
     def _count_hit(self, lease: Lease, loads: list[Load]) -> None:
         P = self.page_tokens
@@ -328,6 +296,7 @@ class HiCache:
             raise MisuseError(f"publish: why={why!r} is not one of {[b.value for b in Boundary]}") from None
         sid = _snapshot_row(snapshot if snapshot is not None else snapshot_id)
         self._check_publish(lease, toks, num_pages, sid)
+        past = num_pages * self.page_tokens > lease.resume_tokens and lease._resume_snapshot is not None
         done = self._publisher.publish_pages(lease, toks, num_pages)
         self._residency.free(DEVICE, PAGE, done.duplicates)
         self._allocator.backup_pages(self._policy.backup_on_publish(done.new_nodes))
@@ -348,6 +317,8 @@ class HiCache:
             else:  # the boundary could not be published (a copy there is still loading)
                 self._residency.free(DEVICE, STATE, [sid])
                 self._publisher.unpublishable()
+        if past:
+            self._drop(self._publisher.past_resume(lease))
         self._route_removed()
         return PublishResult(published_pages=lease.published_pages,
                              duplicates_freed=int(done.duplicates.size), snapshot=outcome)

@@ -40,7 +40,9 @@ class Lease:
 
     ``page_table[i]`` is the device page id holding tokens ``[i*P, (i+1)*P)``.
     ``snapshot_id`` is the device state id holding the snapshot for ``resume_tokens``
-    (``None`` when the layout has no state or the resume point is 0).
+    (``None`` when the layout has no state or the resume point is 0). Read it before the
+    first publish past the resume point: that publish unpins the snapshot (the engine has
+    read the state by then) and sets ``snapshot_id`` to ``None``.
     """
 
     lease_id: int

@@ -11,8 +11,8 @@ Retention (see :mod:`hicache.tree.retention`): a kept snapshot stays until evict
 pressure; a provisional one goes when its request offers a newer one or releases -- or,
 when a sibling resumed from it or a copy still reads it, at its last unlock (counted in
 ``snapshots_dropped_retention``; nothing is kept that no counter records). A lease pins
-the snapshot it resumed from and the newest one it published; older ones it published are
-ordinary cache entries.
+the snapshot it resumed from until it publishes past it (its engine has read that state by
+then), and the newest one it published; older ones it published are ordinary cache entries.
 """
 
 from __future__ import annotations
@@ -150,6 +150,14 @@ class Publisher:
         snap.lock -= 1
         assert snap.lock >= 0, "snapshot unlocked below zero"
         return self.settle(snap)
+
+    def past_resume(self, lease: Lease) -> list[TreeNode]:
+        """The lease computed past its resume point, so its engine has read the resume
+        snapshot into its own state: unpin it (a device row a long decode no longer holds
+        from every other publish). Returns an orphan to drop, if that was its last pin."""
+        snap, lease._resume_snapshot = lease._resume_snapshot, None
+        lease.snapshot_id = None
+        return self.unpin(snap) if snap is not None else []
 
     def _pin_newest(self, lease: Lease, snap: Snapshot | None) -> list[TreeNode]:
         old, lease._newest_snapshot = lease._newest_snapshot, snap

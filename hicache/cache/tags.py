@@ -47,6 +47,7 @@ class Load:
     snap_src: int | None = None
     snap_dst: int | None = None
     ticket: LoadTicket | None = None   # its copy's handle, once submitted
+    landed: bool = False               # a stage of a staged swap: copied and applied in load()
 
 
 class LoadPlan(NamedTuple):

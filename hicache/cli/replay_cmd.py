@@ -59,11 +59,12 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-pages", type=int, help="device budget as a page count (overrides --device-gib)")
     p.add_argument("--host-pages", type=int, help="host budget as a page count")
     p.add_argument("--state-share", type=float,
-                   help="split budget: share of each tier's bytes kept for state snapshots; shared budget: "
-                        "a cap on the bytes snapshots may take (default: the config's)")
-    p.add_argument("--budget", choices=["split", "shared"],
-                   help="split: fixed page / snapshot shares of each tier; shared: one arena per tier that "
-                        "pages and snapshots compete for (default: the config's)")
+                   help="a split tier: share of its bytes kept for state snapshots; budget shared: a cap on "
+                        "the bytes snapshots may take (default: the config's)")
+    p.add_argument("--budget", choices=["split", "shared_host", "shared"],
+                   help="split: fixed page / snapshot shares of each tier; shared_host: the device split, the "
+                        "host one arena that pages and snapshots compete for; shared: one arena per tier "
+                        "(default: the config's)")
     p.add_argument("--device-snapshots", type=int, help="device state snapshots")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")

@@ -43,10 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device-snapshots", type=int,
                    help="device state snapshots (default 8 for a layout with state, else 0)")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots (default 2x the device's)")
-    p.add_argument("--budget", choices=["split", "shared"], default="split",
+    p.add_argument("--budget", choices=["split", "shared_host", "shared"], default="split",
                    help="split: the page and snapshot counts below; shared: one arena per tier of the same "
                         "bytes (page count x page bytes + snapshot count x snapshot bytes) that pages and "
-                        "snapshots compete for (default split)")
+                        "snapshots compete for; shared_host: the device split, the host such an arena "
+                        "(default split)")
     p.add_argument("--write-policy", choices=WRITE_POLICIES, help="override the config's write policy")
     p.add_argument("--host-tier", choices=HOST_TIERS,
                    help="override the config's host tier (exclusive needs --write-policy write_back)")
@@ -105,10 +106,14 @@ def build_cache(args: argparse.Namespace):
     has_state = bool(layout.object_bytes("state"))
     dev_snaps = args.device_snapshots if args.device_snapshots is not None else (8 if has_state else 0)
     host_snaps = args.host_snapshots if args.host_snapshots is not None else 2 * dev_snaps
+    page, snap = layout.object_bytes("page"), layout.object_bytes("state")
     if args.budget == "shared":
-        page, snap = layout.object_bytes("page"), layout.object_bytes("state")
         pools = PoolConfig(device="cpu", budget="shared", host_layout="page_first",
                            device_bytes=dev_pages * page + dev_snaps * snap,
+                           host_bytes=host_pages * page + host_snaps * snap)
+    elif args.budget == "shared_host":
+        pools = PoolConfig(device="cpu", budget="shared_host", host_layout="page_first",
+                           device_bytes=cfg.pools.device_bytes, device_pages=dev_pages, device_snapshots=dev_snaps,
                            host_bytes=host_pages * page + host_snaps * snap)
     else:
         pools = PoolConfig(device="cpu", device_bytes=cfg.pools.device_bytes, host_bytes=cfg.pools.host_bytes,

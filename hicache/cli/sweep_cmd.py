@@ -8,8 +8,9 @@ Each point is a full replay on a fresh cache (every byte it reads back checked, 
 ``--verify`` says). When ``kvcache-simulator`` is installed, its ``lru`` and ``optimal``
 policies run once over the same trace (a workload is first written as a trace with the
 layout's page size as block size) with, per point, the capacity of our device + host
-pages in tokens (with ``--budget shared``: the tokens our device + host bytes hold at one
-snapshot per mean prompt, :func:`hicache.engine.kvsim.shared_capacity_tokens`), scaled into
+pages in tokens (a tier that is one arena -- the host with ``--budget shared_host``, both
+with ``shared`` -- counts the tokens its bytes hold at one snapshot per mean prompt,
+:func:`hicache.engine.kvsim.shared_capacity_tokens`), scaled into
 its byte accounting (:mod:`hicache.engine.kvsim`): ``sim_gib`` is the budget to pass to
 ``kvcache-simulator run --budgets-gib`` to reproduce ``sim_lru`` / ``sim_optimal``.
 Beside them, ``ref_hybrid_lru`` counts the same LRU at the same blocks as a hybrid model
@@ -88,6 +89,22 @@ def _point(summary: dict, device_gib: float, host_gib: float) -> dict:
     return out
 
 
+def _capacity_tokens(summary: dict, budget: str, layout, mean_prompt: float) -> int:
+    """The history tokens the simulator is given for one point, tier by tier: a split tier
+    its page count, an arena its bytes at one snapshot per mean prompt (module docstring)."""
+    from hicache.engine import kvsim
+
+    arenas = {"split": (), "shared_host": ("host",), "shared": ("device", "host")}[budget]
+    total = 0
+    for tier in ("device", "host"):
+        if tier in arenas:
+            total += kvsim.shared_capacity_tokens(summary[f"{tier}_bytes"], layout.object_bytes("page"),
+                                                  layout.object_bytes("state"), layout.page_tokens, mean_prompt)
+        else:
+            total += summary[f"{tier}_pages"] * layout.page_tokens
+    return total
+
+
 def run(args: argparse.Namespace) -> int:
     from hicache.engine import hybrid_ref, kvsim
 
@@ -98,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     work = load_requests(args)
     n = len(work.requests)
     progress = Progress("sweep", n * len(hosts), enabled=not args.quiet)
-    points, summaries, budgets = [], [], []
+    points, summaries = [], []
     layout = cfg = path = ecfg = None
     for i, host in enumerate(hosts):
         path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
@@ -109,7 +126,6 @@ def run(args: argparse.Namespace) -> int:
 
         summary, _ = replay_once(layout, cfg, ecfg, work, step)
         summaries.append(summary)
-        budgets.append(summary["device_bytes"] + summary["host_bytes"])
         points.append(_point(summary, args.device_gib, host))
     assert layout is not None and cfg is not None and ecfg is not None, "parse_budgets returns at least one budget"
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
@@ -120,13 +136,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_sim and kvsim.available():
         with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
             trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
-            if cfg.pools.budget == "shared":   # our page count varies: capacity from bytes
-                mean_prompt = sum(len(r.prompt) for r in work.requests) / n
-                caps = [kvsim.shared_capacity_tokens(b, layout.object_bytes("page"), layout.object_bytes("state"),
-                                                     layout.page_tokens, mean_prompt) for b in budgets]
+            mean_prompt = sum(len(r.prompt) for r in work.requests) / n
+            caps = [_capacity_tokens(s, cfg.pools.budget, layout, mean_prompt) for s in summaries]
+            if cfg.pools.budget != "split":
                 out["sim_mean_prompt_tokens"] = round(mean_prompt, 1)
-            else:
-                caps = [(p["device_pages"] + p["host_pages"]) * layout.page_tokens for p in points]
             model = args.sim_model or kvsim.model_for(layout.model)
             sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
                                  indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from hicache.layout import CacheLayout
 from hicache.pools.anchor import AllocResult, Allocation, IndexAllocator, NoRoom, as_id_array
-from hicache.pools.config import PoolConfig, PoolPlan, plan_pools, resolve_device
+from hicache.pools.config import POOL_BUDGETS, PoolBudget, PoolConfig, PoolPlan, plan_pools, resolve_device
 from hicache.pools.tier import BUDGET_MODES, HOST_LAYOUTS, SOURCES, ObjectSlot, SidecarPool, Source, Tier, TierPools, object_slots
 
 
@@ -40,32 +40,32 @@ class TieredPools:
 
 
 def build_pools(layout: CacheLayout, cfg: PoolConfig, *, plan: PoolPlan | None = None) -> TieredPools:
-    """Allocate the device pools (layer_first) and host pools (``cfg.host_layout``), or,
-    with ``budget: shared``, one page_first arena per tier.
+    """Allocate the device pools (layer_first) and host pools (``cfg.host_layout``); a tier
+    the plan sizes as an arena (``budget: shared`` both, ``shared_host`` the host) is one
+    page_first arena.
 
     Host memory is pinned when the device is CUDA, so copies run as true async DMA.
     """
     plan = plan or plan_pools(layout, cfg)
     device = resolve_device(cfg.device)
-    if plan.budget == "shared":
-        assert plan.device_arena is not None and plan.host_arena is not None
-        return TieredPools(layout, plan,
-                           TierPools(layout, "device", arena_bytes=plan.device_arena,
-                                     state_cap_bytes=plan.device_state_cap, device=device),
-                           TierPools(layout, "host", arena_bytes=plan.host_arena,
-                                     state_cap_bytes=plan.host_state_cap, device="cpu",
-                                     pin_memory=device.type == "cuda"))
-    dev = TierPools(layout, "device", num_pages=plan.device_pages,
-                    num_snapshots=plan.device_snapshots, device=device)
-    host = TierPools(layout, "host", num_pages=plan.host_pages, num_snapshots=plan.host_snapshots,
-                     device="cpu", host_layout=cfg.host_layout,
-                     pin_memory=device.type == "cuda")
+    pin = device.type == "cuda"
+    if plan.device_arena is not None:
+        dev = TierPools(layout, "device", arena_bytes=plan.device_arena, state_cap_bytes=plan.device_state_cap,
+                        device=device)
+    else:
+        dev = TierPools(layout, "device", num_pages=plan.device_pages, num_snapshots=plan.device_snapshots,
+                        device=device)
+    if plan.host_arena is not None:
+        host = TierPools(layout, "host", arena_bytes=plan.host_arena, state_cap_bytes=plan.host_state_cap,
+                         device="cpu", pin_memory=pin)
+    else:
+        host = TierPools(layout, "host", num_pages=plan.host_pages, num_snapshots=plan.host_snapshots,
+                         device="cpu", host_layout=cfg.host_layout, pin_memory=pin)
     return TieredPools(layout, plan, dev, host)
-
 
 __all__ = [
     "AllocResult", "Allocation", "IndexAllocator", "NoRoom", "as_id_array",
-    "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
+    "POOL_BUDGETS", "PoolBudget", "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
     "BUDGET_MODES", "HOST_LAYOUTS", "SOURCES", "ObjectSlot", "SidecarPool", "Source", "Tier", "TierPools", "object_slots",
     "TieredPools", "build_pools",
 ]

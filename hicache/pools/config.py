@@ -1,6 +1,6 @@
 """Pool sizing: from byte budgets to page and snapshot counts per tier.
 
-Two budget modes (``budget``):
+Three budget modes (``budget``), built from two per-tier ones:
 
 ``split`` (the default): each tier's budget is split between history pages and state
 snapshots by ``state_share`` (0.2 when not given; layouts without state put everything
@@ -21,6 +21,13 @@ most (the whole arena, or the cap)::
       -> arena 8 GiB: up to floor(8 GiB / 0.94 MiB) pages, or floor(8 GiB / 4.07 MB)
          snapshots, or any mix whose bytes fit
 
+``shared_host``: the device tier is split as in ``split`` (by ``state_share``) and the host
+tier is one arena without a cap. The device holds mostly running requests, whose pinned
+pages and snapshots no compaction can move, so a device arena fragments: a snapshot ask
+finds the page frontier pinned and evicts pages into holes only pages can use. The host
+holds cached chains, which move freely, so there the arena lets the traffic choose the mix
+(more pages on chat, more snapshots on branching traffic) with no share to tune.
+
 The host budget is ``host_bytes`` or ``host_ratio`` x the device budget; a host budget
 over the available memory minus ``host_reserve_bytes`` is refused, because an oversized
 pinned pool takes the machine down rather than failing cleanly.
@@ -37,7 +44,9 @@ import torch
 from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
-from hicache.pools.tier import BUDGET_MODES, HOST_LAYOUTS, BudgetMode, HostLayout
+from typing import Literal
+
+from hicache.pools.tier import HOST_LAYOUTS, HostLayout
 
 GiB = 1024**3
 _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
@@ -45,14 +54,19 @@ _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 # flags) and sidecars, whatever the id's own bytes: counted so a huge count is refused.
 ID_BOOKKEEPING_BYTES = 16
 
+PoolBudget = Literal["split", "shared_host", "shared"]
+POOL_BUDGETS = ("split", "shared_host", "shared")
+
 
 @dataclass(frozen=True)
 class PoolConfig:
     """Budgets and layouts of the device (L1) and host (L2) pools.
 
     Counts (``device_pages`` ...) override the byte budgets when given (split mode only;
-    tests use them). ``budget`` picks split or shared (see the module docstring);
-    ``state_share`` is the state split (split, default 0.2) or a cap (shared, default none).
+    tests use them; with shared_host the host counts size its arena: ``host_pages x page bytes
+    + host_snapshots x snapshot bytes``). ``budget`` picks split, shared_host or
+    shared (see the module docstring); ``state_share`` is the state split of a split tier
+    (default 0.2) or the cap of a shared arena's snapshots (``shared`` only, default none).
     """
 
     device: str = "cpu"
@@ -61,7 +75,7 @@ class PoolConfig:
     host_ratio: float = 2.0
     host_layout: HostLayout = "page_first"
     state_share: float | None = None
-    budget: BudgetMode = "split"
+    budget: PoolBudget = "split"
     host_reserve_bytes: int = 2 * GiB
     device_pages: int | None = None
     device_snapshots: int | None = None
@@ -82,15 +96,16 @@ class PoolConfig:
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
                                   or not 0 < share < 1):
             raise ConfigError("state_share", share, "must be between 0 and 1 (exclusive)")
-        if self.budget not in BUDGET_MODES:
-            raise ConfigError("budget", self.budget, f"must be one of {list(BUDGET_MODES)}")
-        if self.budget == "shared" and self.host_layout != "page_first":
-            raise ConfigError("host_layout", self.host_layout, "a shared budget needs page_first objects")
+        if self.budget not in POOL_BUDGETS:
+            raise ConfigError("budget", self.budget, f"must be one of {list(POOL_BUDGETS)}")
+        if self.budget != "split" and self.host_layout != "page_first":
+            raise ConfigError("host_layout", self.host_layout, f"budget {self.budget!r} needs page_first objects")
         for name in ("device_pages", "device_snapshots", "host_pages", "host_snapshots"):
             v = getattr(self, name)
             check_int(name, v, optional=True)
             if v is not None and self.budget == "shared":
-                raise ConfigError(name, v, "counts need budget 'split' (a shared arena is sized in bytes)")
+                raise ConfigError(name, v, "counts need budget 'split' or 'shared_host' (a shared arena is "
+                                           "sized in bytes)")
         if not isinstance(self.device, str) or not _DEVICE.fullmatch(self.device):
             raise ConfigError("device", self.device, "must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
 
@@ -105,9 +120,9 @@ class PoolPlan:
     host_snapshots: int
     page_bytes: int
     snapshot_bytes: int
-    budget: BudgetMode = "split"
+    budget: PoolBudget = "split"
     device_arena: int | None = None       # shared: the device arena's bytes
-    host_arena: int | None = None         # shared: the host arena's bytes
+    host_arena: int | None = None         # shared, shared_host: the host arena's bytes
     device_state_cap: int | None = None   # shared: most bytes snapshots may take (None: no cap)
     host_state_cap: int | None = None
 
@@ -180,12 +195,20 @@ def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | N
     else:
         share = 0.2 if cfg.state_share is None else cfg.state_share
         dev_pages, dev_snaps = _split(cfg.device_bytes, "device_bytes", page_bytes, snap_bytes, share)
-        host_pages, host_snaps = _split(host_budget, host_field, page_bytes, snap_bytes, share)
         dev_pages = cfg.device_pages if cfg.device_pages is not None else dev_pages
         dev_snaps = cfg.device_snapshots if cfg.device_snapshots is not None else dev_snaps
-        host_pages = cfg.host_pages if cfg.host_pages is not None else host_pages
-        host_snaps = cfg.host_snapshots if cfg.host_snapshots is not None else host_snaps
-        plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes)
+        if cfg.budget == "shared_host":
+            if cfg.host_pages is not None or cfg.host_snapshots is not None:   # counts: the same bytes
+                host_budget = (cfg.host_pages or 0) * page_bytes + (cfg.host_snapshots or 0) * snap_bytes
+                host_field = "host_pages" if cfg.host_pages is not None else "host_snapshots"
+            host_pages, host_snaps, _ = _arena(host_budget, host_field, page_bytes, snap_bytes, None)
+            plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes, "shared_host",
+                            host_arena=host_budget)
+        else:
+            host_pages, host_snaps = _split(host_budget, host_field, page_bytes, snap_bytes, share)
+            host_pages = cfg.host_pages if cfg.host_pages is not None else host_pages
+            host_snaps = cfg.host_snapshots if cfg.host_snapshots is not None else host_snaps
+            plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes)
     avail = psutil.virtual_memory().available if available_bytes is None else available_bytes
     limit = avail - cfg.host_reserve_bytes
     counts = {"device_pages": dev_pages, "device_snapshots": dev_snaps, "host_pages": host_pages,

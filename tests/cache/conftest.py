@@ -33,12 +33,16 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
                host_tier="inclusive", transfer=None, budget="split", state_cap=None) -> HiCache:
     """A cache with these counts (``budget="split"``), or (``"shared"``) one arena per tier
     of the same bytes: ``pages x page bytes + snaps x snapshot bytes`` (``state_cap``: a
-    state_share cap)."""
+    state_share cap), or (``"shared_host"``) the device's counts and such a host arena."""
     layout = layout or hybrid_layout()
+    page, snap = layout.object_bytes("page"), layout.object_bytes("state")
     if budget == "shared":
-        page, snap = layout.object_bytes("page"), layout.object_bytes("state")
         pools = PoolConfig(device="cpu", budget="shared", state_share=state_cap,
                            device_bytes=device_pages * page + device_snaps * snap,
+                           host_bytes=host_pages * page + host_snaps * snap)
+    elif budget == "shared_host":
+        pools = PoolConfig(device="cpu", budget="shared_host", device_bytes=1 << 20,
+                           device_pages=device_pages, device_snapshots=device_snaps,
                            host_bytes=host_pages * page + host_snaps * snap)
     else:
         pools = PoolConfig(device="cpu", device_bytes=1 << 20, host_bytes=1 << 20,

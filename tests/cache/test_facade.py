@@ -383,3 +383,24 @@ def test_poll_with_wait_applies_a_copy_still_in_flight():
     eng.cache.release(lease)
     eng.cache.check_integrity()
     eng.cache.close()
+
+
+def test_publishing_past_the_resume_point_unpins_the_resume_snapshot():
+    eng = Engine(make_cache(device_pages=16, device_snaps=2))
+    a = toks(1, 2)
+    eng.run(a)
+    snap_a = node_of(eng.cache, a).snapshot
+    _, lease = eng.start(toks(1, 2, 3, 4))
+    assert lease.resume_tokens == 8 and lease.snapshot_id == snap_a.device_id and snap_a.lock == 1
+    eng.publish(lease, toks(1, 2, 3), 2, snapshot=False)   # not past the resume point: still pinned
+    assert snap_a.lock == 1 and lease.snapshot_id is not None
+    eng.publish(lease, toks(1, 2, 3), 3)           # past it: the engine has read that state
+    assert snap_a.lock == 0 and lease.snapshot_id is None
+    assert lease.holds().snapshots == (node_of(eng.cache, toks(1, 2, 3)).snapshot,)
+    # with both device rows taken (a's and the lease's newest), a third snapshot evicts a's
+    _, other = eng.start(toks(9, extra=1))
+    assert eng.cache.alloc_snapshot(other).ok and snap_a.device_id is None
+    eng.cache.release(other)
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+    eng.cache.close()

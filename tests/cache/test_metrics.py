@@ -114,9 +114,10 @@ def test_replay_with_redis_writes_labelled_metrics(tmp_path, capsys):
     out = tmp_path / "replay.prom"
     try:
         # write_back with a host tier larger than the device: pages leave both upper tiers
-        # and come back from Redis (wait_complete: admission waits for the prefetch).
+        # and come back from Redis (wait_complete: admission waits for the prefetch; split: the
+        # page counts are the host pool, not the bytes of an arena).
         rc = main(["replay", "--config", "deepseek-v4-flash", "--conversations", "6", "--write-policy",
-                   "write_back", "--device-pages", "16", "--host-pages", "20", "--prefetch-policy", "wait_complete",
+                   "write_back", "--budget", "split", "--device-pages", "16", "--host-pages", "20", "--prefetch-policy", "wait_complete",
                    "--storage", server.url, "--quiet", "--json", "--metrics-out", str(out)])
     finally:
         server.close()

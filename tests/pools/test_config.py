@@ -151,6 +151,24 @@ def test_shared_plan_is_one_arena_per_tier(configs_dir):
     assert capped.device_pages == GiB // page       # a cap, not a split: pages may use it all
 
 
+def test_shared_host_plan_splits_the_device_and_makes_the_host_one_arena(configs_dir):
+    lay = flash(configs_dir)
+    page, snap = lay.object_bytes("page"), lay.object_bytes("state")
+    plan = plan_pools(lay, PoolConfig(device_bytes=GiB, host_bytes=2 * GiB, budget="shared_host", state_share=0.25),
+                      available_bytes=100 * GiB)
+    assert plan.budget == "shared_host" and (plan.device_arena, plan.host_arena) == (None, 2 * GiB)
+    assert (plan.device_pages, plan.device_snapshots) == (int(GiB * 0.75) // page, int(GiB * 0.25) // snap)
+    assert (plan.host_pages, plan.host_snapshots) == (2 * GiB // page, 2 * GiB // snap)   # no cap on the host
+    assert plan.host_state_cap is None and plan.host_bytes == 2 * GiB
+    layout, cfg = load_config(configs_dir / "tiny-hybrid.yaml", budget="shared_host")
+    pools = build_pools(layout, cfg.pools)
+    assert (pools.device.budget, pools.host.budget) == ("split", "shared")
+    assert pools.device.arena is None and pools.host.nbytes == cfg.pools.host_bytes
+    counted = plan_pools(lay, PoolConfig(device_bytes=GiB, budget="shared_host", host_pages=10, host_snapshots=2),
+                         available_bytes=100 * GiB)
+    assert counted.host_arena == 10 * page + 2 * snap and counted.host_pages == counted.host_arena // page
+
+
 def test_shared_pools_size_their_arenas(configs_dir):
     layout, cfg = load_config(configs_dir / "tiny-hybrid.yaml", budget="shared")
     assert cfg.pools.budget == "shared" and cfg.pools.state_share == 0.3
