@@ -86,7 +86,7 @@ class HiCache:
         self._residency = Residency(pools, self._tree, self._policy)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)
-        self._allocator = Allocator(self._residency, self._copies, self._apply)
+        self._allocator = Allocator(self._residency, self._copies, self._apply, self._policy)
         self._loader = Loader(self._residency, self._allocator, self._copies, self._apply,
                               self._policy.exclusive_host)
         self._publisher = Publisher(self._tree, self._policy.retention)

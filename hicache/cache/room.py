@@ -152,9 +152,10 @@ class Room:
         if policy.write_back and not node.on_host and policy.worth_demoting(node):
             backup_pages([node])
             snap = node.snapshot
-            if node.on_host and snap is not None and snap.provisional_owner is None and snap.device_id is not None:
-                # The boundary state goes down with its pages, as with split pools (a
-                # mid-chain snapshot is normally gone by now: it is the first snapshot victim)
+            if (node.on_host and snap is not None and snap.provisional_owner is None and snap.device_id is not None
+                    and policy.worth_demoting_snapshot(node, snap)):
+                # The boundary state goes down with its pages, as with split pools -- unless
+                # the policy finds it not worth host bytes (under value a mid-chain one)
                 backup_snapshots([(node, snap)])
             return res.demote_backed_up([node]) == 0
         return res.drop_device_copy(node)

@@ -39,6 +39,27 @@ def test_an_intermediate_snapshot_is_dropped_not_demoted_under_value(eviction, h
     eng.cache.check_integrity()
 
 
+@pytest.mark.parametrize("eviction, host_snaps", [("lru", 2), ("value", 1)])
+def test_a_demoted_page_run_takes_its_snapshot_down_only_when_it_is_not_intermediate(eviction, host_snaps):
+    """write_back demotes a page run with the snapshot at its end -- under ``value`` not an
+    intermediate one (a deeper snapshot on its only path): on a long chain those cost a
+    quarter of the chain's host bytes and every request resumes deeper anyway."""
+    eng = Engine(make_cache(device_pages=4, device_snaps=4, host_pages=8, host_snaps=4, write_policy="write_back",
+                            host_tier="exclusive", eviction=eviction))
+    chain = toks(1, 2, 3, 4, extra=1)
+    eng.run(chain, chunk_pages=2)                   # nodes [1,2] and [3,4], a snapshot at each end
+    eng.run(toks(7, 8, 9, 10, extra=1))             # needs the whole device: the chain is demoted
+    upper, lower = node_of(eng.cache, toks(1, 2)), node_of(eng.cache, chain)
+    assert not upper.on_device and not lower.on_device and eng.cache.pools.host.num_used("page") == 4
+    assert lower.snapshot.host_id is not None
+    assert eng.cache.pools.host.num_used("state") == host_snaps
+    assert (upper.snapshot is not None and upper.snapshot.host_id is not None) == (eviction == "lru")
+    m, lease = eng.start(chain)                     # still resumes at the chain's end, bytes checked
+    assert m.resume_tokens == 16 and lease.loaded_tokens == 16
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+
+
 def test_value_keeps_the_newest_turn_of_an_older_conversation_over_an_intermediate_one():
     eng = Engine(make_cache(device_pages=12, device_snaps=3, host_snaps=1, write_policy="write_through",
                             eviction="value"))
