@@ -88,8 +88,8 @@ class Copies:
         return acks
 
     def settle(self) -> None:
-        """Launch what is queued and wait for every launched copy -- a lease's loads too,
-        which have no handle here -- so the next poll collects all of them."""
+        """Launch what is queued and wait for every launched batch (the controller's, not
+        only the handles this object waits on), so the next poll collects all of them."""
         self._ctl.step()
         self._ctl.wait_launched()
 

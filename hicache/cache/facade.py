@@ -159,7 +159,10 @@ class HiCache:
         All-or-nothing per request: if the device cannot take every host page and the
         snapshot, nothing is loaded and the lease resumes from the deepest point that is
         already on the device. ``start=False`` leaves the copies queued for the next
-        :meth:`step`, so a scheduler can batch the loads of many requests into one copy.
+        :meth:`step`, so a scheduler can batch the loads of many requests into one copy --
+        except on an exclusive host tier when the load is bigger than the device's free
+        rows: then its leading pages are swapped in stages, copied and applied inside this
+        call (:mod:`hicache.cache.loads`; that launches every queued copy).
         """
         self._check_open()
         if not isinstance(match, MatchResult):
@@ -414,13 +417,14 @@ class HiCache:
         """Launch queued copies and apply finished ones to the tree; returns acks applied.
 
         ``wait``: first launch and wait for every device <-> host copy queued so far, the
-        leases' loads included (not L3 transfers), so what is applied does not depend on the copy threads' timing -- a
-        simulation that polls at its step boundaries is then reproducible."""
+        leases' loads included, and for every queued L3 put (not L3 fetches), so what is
+        applied does not depend on the copy and put threads' timing -- a simulation that
+        polls at its step boundaries is then reproducible."""
         if wait:
             self._copies.settle()
         self._copies.step()
         n = self._apply_acks()
-        self._after_puts(self._l3.poll())
+        self._after_puts(self._l3.settle() if wait else self._l3.poll())
         self._free_fetched_rows()
         self._route_removed()
         return n

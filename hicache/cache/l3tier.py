@@ -341,6 +341,15 @@ class L3Tier:
         self._retry_puts()
         return done
 
+    def settle(self) -> list[PutDone]:
+        """Wait for every queued put, then :meth:`poll` (a step boundary of a reproducible
+        replay: which objects L3 holds when a later lookup runs must not depend on the put
+        threads). Fetches are left running: their landing is the caller's clock's."""
+        if self.store is None:
+            return []
+        self.store.flush(None)
+        return self.poll()
+
     def drain(self, timeout: float | None) -> list[PutDone]:
         """Wait for every queued put and every fetch worker, then :meth:`poll`."""
         if self.store is None:

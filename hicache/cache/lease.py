@@ -7,8 +7,8 @@ suffix pages (allocated for it, not yet published)::
                  0                          resume                      published  len
 
 Publishing moves owned pages into the tree (ownership transfer, no copy); they stay locked
-until :meth:`HiCache.release`. The lease also pins the snapshot it resumed from and the
-newest snapshot it published.
+until :meth:`HiCache.release`. The lease also pins the snapshot it resumed from (until it
+publishes past it: its engine has read that state) and the newest snapshot it published.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from hicache.tree import LoadTicket, Snapshot, TreeNode
 @dataclass(frozen=True)
 class LeaseHolds:
     """A lease's pins: the node whose path it locks, the snapshots it pins (the one it
-    resumed from, the newest it published) and the device state rows it allocated and has
-    not published."""
+    resumed from until it publishes past it, the newest it published) and the device state
+    rows it allocated and has not published."""
 
     locked_node: TreeNode | None
     snapshots: tuple[Snapshot, ...]

@@ -20,10 +20,14 @@ and applied at once (its ack frees its host rows) before the next asks for devic
     stage 2: rows for A2 evict B2 -> B2 demoted into A1's old host rows; ...
     last:    what is left goes in the ordinary single load, launched with the others
 
-A stage's copy runs synchronously inside ``load()`` (like a write_back eviction's backup),
-and only its own ack is applied; other copies' acks stay collected for ``poll()``. A stage
-that fails leaves the stages before it on the device, and the load falls back to the
-deepest resume point already there.
+Staging starts only when the whole plan is feasible (the pinned rows leave room for it), so
+a load that cannot fit is still refused with nothing moved. A stage's copy runs
+synchronously inside ``load()`` (like a write_back eviction's backup; it launches every
+queued copy, other leases' too) and only its own ack is applied; other copies' acks stay
+collected for ``poll()``. A stage that fails -- or a later allocation that still comes up
+short, feasibility being a bound -- leaves the stages before it on the device and the load
+falls back to the deepest resume point already there (the landed stages are then counted as
+device hits of the lease that resumes on them).
 """
 
 from __future__ import annotations
@@ -81,8 +85,10 @@ class Loader:
         device's free rows (exclusive tier). Returns the landed stages and what is left to
         load, or None for the rest when a stage failed (its sources let go)."""
         staged: list[Load] = []
-        if not self._exclusive:
-            return staged, plan
+        res = self._res
+        if not self._exclusive or not res.feasible(DEVICE, PAGE, plan.pages) or (
+                plan.snapshot is not None and not res.feasible(DEVICE, STATE, 1)):
+            return staged, plan   # what cannot fit whole is refused whole, nothing moved
         device, host = self._res.pools.device, self._res.pools.host
         shadows, pages = list(plan.shadows), plan.pages
         while shadows:

@@ -18,8 +18,8 @@ Exclusive host tier: when a load from the host lands, the host copy it read is f
 budgets add up; the device evicting it again backs it up again. A host copy an L3 put is
 still reading is freed when the put ends (:meth:`put_finished`).
 
-Shared budget (``budget: shared``): each tier is one arena for pages and snapshots, and a
-short allocation gets room from :class:`~hicache.cache.room.Room` (compaction, then one
+A tier that is one arena for pages and snapshots (``budget: shared``, or the host under
+``shared_host``): a short allocation there gets room from :class:`~hicache.cache.room.Room` (compaction, then one
 eviction order over both kinds); :meth:`feasible` asks it in that mode.
 
 Removals are reported, not routed: every node that leaves the tree (with its parent at
@@ -84,7 +84,7 @@ class Residency:
         return n <= pools.capacity(source) and n - pools.num_free(source) <= self._tree.evictable(tier, source)
 
     def shared(self, tier: Tier) -> bool:
-        """Is ``tier`` one shared arena (``budget: shared``)?"""
+        """Is ``tier`` one shared arena (``budget: shared``; the host under ``shared_host``)?"""
         return self.pools.tier(tier).arena is not None
 
     def make_room(self, tier: Tier, source: Source, n: int, backup_pages: BackupPages,

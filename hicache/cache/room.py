@@ -1,6 +1,6 @@
 """Making room in a shared arena: compaction, then one eviction order for pages and snapshots.
 
-With ``budget: shared`` a tier is one arena (:mod:`hicache.pools.arena`): pages from the
+With ``budget: shared`` (every tier) or ``shared_host`` (the host) a tier is one arena (:mod:`hicache.pools.arena`): pages from the
 low end, snapshots from the high end, a free middle between their frontiers. An
 allocation of kind K (page or state) that is short gets room here, owned by
 :class:`~hicache.cache.residency.Residency`::

@@ -54,6 +54,7 @@ _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 # flags) and sidecars, whatever the id's own bytes: counted so a huge count is refused.
 ID_BOOKKEEPING_BYTES = 16
 
+ARENA_ALIGN = 8   # an arena's bytes are a multiple of this: the widest view of its objects (see _aligned)
 PoolBudget = Literal["split", "shared_host", "shared"]
 POOL_BUDGETS = ("split", "shared_host", "shared")
 
@@ -62,9 +63,10 @@ POOL_BUDGETS = ("split", "shared_host", "shared")
 class PoolConfig:
     """Budgets and layouts of the device (L1) and host (L2) pools.
 
-    Counts (``device_pages`` ...) override the byte budgets when given (split mode only;
-    tests use them; with shared_host the host counts size its arena: ``host_pages x page bytes
-    + host_snapshots x snapshot bytes``). ``budget`` picks split, shared_host or
+    Counts (``device_pages`` ...) override the byte budgets of split tiers when given (tests
+    use them); with shared_host the host counts size its arena instead: ``host_pages x page
+    bytes + host_snapshots x snapshot bytes`` (host_snapshots only with host_pages); with
+    shared they are refused. ``budget`` picks split, shared_host or
     shared (see the module docstring); ``state_share`` is the state split of a split tier
     (default 0.2) or the cap of a shared arena's snapshots (``shared`` only, default none).
     """
@@ -165,6 +167,12 @@ def _split(budget: int, field: str, page_bytes: int, snap_bytes: int, share: flo
     return pages, snaps
 
 
+def _aligned(budget: int) -> int:
+    """An arena's bytes rounded down to :data:`ARENA_ALIGN`: snapshots are laid from its high
+    end, so an odd size would misalign every snapshot object (and the 8-byte views of it)."""
+    return budget - budget % ARENA_ALIGN if budget >= ARENA_ALIGN else budget
+
+
 def _arena(budget: int, field: str, page_bytes: int, snap_bytes: int,
            share: float | None) -> tuple[int, int, int | None]:
     """A shared arena's most pages, most snapshots and state cap in bytes."""
@@ -187,20 +195,30 @@ def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | N
     host_budget = cfg.host_bytes if cfg.host_bytes is not None else int(cfg.device_bytes * cfg.host_ratio)
     host_field = "host_bytes" if cfg.host_bytes is not None else "host_ratio"
     if cfg.budget == "shared":
-        dev_pages, dev_snaps, dev_cap = _arena(cfg.device_bytes, "device_bytes", page_bytes, snap_bytes,
+        dev_arena, host_budget = _aligned(cfg.device_bytes), _aligned(host_budget)
+        dev_pages, dev_snaps, dev_cap = _arena(dev_arena, "device_bytes", page_bytes, snap_bytes,
                                                cfg.state_share)
         host_pages, host_snaps, host_cap = _arena(host_budget, host_field, page_bytes, snap_bytes, cfg.state_share)
         plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes, "shared",
-                        cfg.device_bytes, host_budget, dev_cap, host_cap)
+                        dev_arena, host_budget, dev_cap, host_cap)
     else:
         share = 0.2 if cfg.state_share is None else cfg.state_share
         dev_pages, dev_snaps = _split(cfg.device_bytes, "device_bytes", page_bytes, snap_bytes, share)
         dev_pages = cfg.device_pages if cfg.device_pages is not None else dev_pages
         dev_snaps = cfg.device_snapshots if cfg.device_snapshots is not None else dev_snaps
         if cfg.budget == "shared_host":
-            if cfg.host_pages is not None or cfg.host_snapshots is not None:   # counts: the same bytes
-                host_budget = (cfg.host_pages or 0) * page_bytes + (cfg.host_snapshots or 0) * snap_bytes
-                host_field = "host_pages" if cfg.host_pages is not None else "host_snapshots"
+            if cfg.host_snapshots is not None and cfg.host_pages is None:
+                raise ConfigError("host_snapshots", cfg.host_snapshots, "under budget 'shared_host' give "
+                                  "host_pages too: the two counts size the host arena in bytes")
+            if cfg.host_pages is not None:   # counts: an arena of the same bytes
+                host_budget = cfg.host_pages * page_bytes + (cfg.host_snapshots or 0) * snap_bytes
+                host_budget += -host_budget % ARENA_ALIGN   # up: room for at least the counts
+                host_field = "host_pages"
+                if host_budget < max(page_bytes, snap_bytes):
+                    raise ConfigError("host_pages", cfg.host_pages,
+                                      f"with host_snapshots={cfg.host_snapshots or 0} sizes a {host_budget}-byte "
+                                      f"host arena, smaller than one state snapshot ({snap_bytes} bytes)")
+            host_budget = _aligned(host_budget)
             host_pages, host_snaps, _ = _arena(host_budget, host_field, page_bytes, snap_bytes, None)
             plan = PoolPlan(dev_pages, dev_snaps, host_pages, host_snaps, page_bytes, snap_bytes, "shared_host",
                             host_arena=host_budget)
@@ -220,7 +238,7 @@ def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | N
                           f"{sum(counts.values()):,} page and snapshot ids need {book / GiB:.2f} GiB of host "
                           f"memory for their allocators but only {max(limit, 0) / GiB:.2f} GiB is available")
     if plan.host_bytes > limit:
-        value = cfg.host_bytes if cfg.host_bytes is not None else cfg.host_ratio
+        value = {"host_bytes": cfg.host_bytes, "host_ratio": cfg.host_ratio, "host_pages": cfg.host_pages}[host_field]
         raise ConfigError(host_field, value,
                           f"asks for a {plan.host_bytes / GiB:.2f} GiB host pool but only "
                           f"{max(limit, 0) / GiB:.2f} GiB is available ({avail / GiB:.2f} GiB free "

@@ -64,3 +64,19 @@ def test_a_failed_stage_falls_back_and_loses_no_host_copy():
     cache.release(again)
     cache.check_integrity()
     cache.close()
+
+
+def test_a_load_that_cannot_fit_whole_is_refused_with_nothing_staged():
+    eng = swap_setup(8)
+    cache = eng.cache
+    _, holder = eng.start(toks(7, 8, 9, 10, extra=1))     # pins four of B's device pages
+    h2d = cache.transfer_stats()["h2d"]["launched_bytes"]
+    demoted = cache.counters.device_demoted_pages
+    lease = cache.load(cache.match(A))                     # six pages, at most four evictable
+    assert cache.counters.load_fallbacks == 1 and lease.resume_tokens == 0
+    assert cache.transfer_stats()["h2d"]["launched_bytes"] == h2d        # nothing copied
+    assert cache.counters.device_demoted_pages == demoted                # nothing displaced
+    cache.release(lease)
+    cache.release(holder)
+    cache.check_integrity()
+    cache.close()

@@ -74,3 +74,17 @@ def test_main_job_serves_hits_from_every_tier_and_shows_the_ceiling(capsys):
     assert out["device_hit_tokens"] > 0 and out["host_hit_tokens"] > 0 and out["l3_hit_tokens"] > 0
     assert out["hit_rate"] < out["ceiling"] <= 1 and out["mismatched_pages"] == 0
     assert out["verify"] == "sample" and out["ttft_p50_s"] is not None
+
+
+@pytest.mark.parametrize("budget, landing", [("split", "wallclock"), ("shared_host", "step"), ("shared", "step")])
+def test_budget_and_copy_landing_flags_reach_the_run(capsys, budget, landing):
+    flags = ["--budget", budget, "--copy-landing", landing]
+    if budget == "shared":   # counts size split tiers only: give the arenas bytes
+        flags = ["--config", "deepseek-v4-flash", "--conversations", "4", "--device-gib", "0.03", "--host-gib",
+                 "0.02", "--storage", "memory://", "--quiet", "--json", *flags]
+        rc = main(["replay", *flags])
+        out = json.loads(capsys.readouterr().out)
+    else:
+        rc, out = replay(capsys, *flags)
+    assert rc == 0 and out["mismatched_pages"] == 0 and out["verified_pages"] > 0
+    assert (out["budget"], out["copy_landing"]) == (budget, landing)

@@ -67,3 +67,18 @@ def test_sweep_table_prints_the_hybrid_reference_and_none_without_state(trace, c
     assert main(["sweep", "--config", "tiny-mha", *ARGS[2:], "--trace", str(trace), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert all(p["ref_hybrid_lru"] is None and p["ref_block_lru"] is not None for p in out["points"])
+
+
+def test_the_simulators_capacity_is_counted_tier_by_tier(configs_dir):
+    from hicache.cli.sweep_cmd import _capacity_tokens
+    from hicache.config import load_config
+    from hicache.engine import kvsim
+
+    layout, _ = load_config(configs_dir / "deepseek-v4-flash.yaml")
+    P, page, snap = layout.page_tokens, layout.object_bytes("page"), layout.object_bytes("state")
+    s = {"device_pages": 200, "host_pages": 300, "device_bytes": 2**28, "host_bytes": 2**29}
+    arena = lambda b: kvsim.shared_capacity_tokens(b, page, snap, P, 5000.0)   # noqa: E731
+    assert _capacity_tokens(s, "split", layout, 5000.0) == 500 * P
+    assert _capacity_tokens(s, "shared_host", layout, 5000.0) == 200 * P + arena(2**29)
+    assert _capacity_tokens(s, "shared", layout, 5000.0) == arena(2**28) + arena(2**29)
+    assert 300 * P < arena(2**29) < 2**29 // page * P     # bytes at one snapshot per mean prompt

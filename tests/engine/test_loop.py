@@ -190,3 +190,33 @@ def test_copies_launched_between_steps_are_charged_to_the_next_step():
     plain = Scheduler(NullExecutor(4, 1000, 0), cfg).run(reqs).records[0].ttft_s
     loaded = Scheduler(Moving(4, 1000, 0), cfg).run(reqs).records[0].ttft_s
     assert loaded == pytest.approx(plain + 10**9 / (cfg.clock.h2d_gbps * 1e9))
+
+
+@pytest.mark.parametrize("landing", ["step", "wallclock"])
+def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch, landing):
+    """Device <-> host copies and L3 puts land by each step's end under ``step``, so what a
+    later L3 lookup finds does not depend on the put threads: a replay whose puts take
+    20 ms each gives the records of one whose puts are instant (``wallclock`` does not)."""
+    import time
+
+    from hicache.storage.memory import MemoryBackend
+
+    def replay(salt):
+        cache = make_cache(device_pages=20, host_pages=16, device_snaps=4, host_snaps=4, retention=0,
+                           write_policy="write_back", host_tier="exclusive", storage="memory://", salt=salt)
+        rep = run(cache, small_chat(n=24, seed=5), max_running=4, chunk_tokens=8, decode_stride=4,
+                  copy_landing=landing)
+        assert rep.mismatched_pages == 0
+        return [(r.request_id, r.hit_tokens, r.l3_hit_tokens, r.host_hit_tokens, r.finish_s) for r in rep.records]
+
+    fast = replay(f"fast-{landing}")   # memory:// is one store per process: a namespace each
+    put = MemoryBackend.put
+
+    def slow_put(self, keys, values):
+        time.sleep(0.02)
+        return put(self, keys, values)
+
+    monkeypatch.setattr(MemoryBackend, "put", slow_put)
+    slow = replay(f"slow-{landing}")
+    assert sum(r[2] for r in fast) > 0                 # L3 served hits
+    assert (slow == fast) == (landing == "step")

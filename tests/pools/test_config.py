@@ -166,7 +166,8 @@ def test_shared_host_plan_splits_the_device_and_makes_the_host_one_arena(configs
     assert pools.device.arena is None and pools.host.nbytes == cfg.pools.host_bytes
     counted = plan_pools(lay, PoolConfig(device_bytes=GiB, budget="shared_host", host_pages=10, host_snapshots=2),
                          available_bytes=100 * GiB)
-    assert counted.host_arena == 10 * page + 2 * snap and counted.host_pages == counted.host_arena // page
+    assert counted.host_arena == 10 * page + 2 * snap   # a multiple of the alignment already
+    assert counted.host_pages == counted.host_arena // page
 
 
 def test_shared_pools_size_their_arenas(configs_dir):
@@ -194,3 +195,25 @@ def test_budget_bad_input(kwargs, field):
         PoolConfig(**kwargs)
     assert exc.value.field == field
     assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("kwargs, field, value", [
+    (dict(host_pages=4), "host_pages", 4),                      # smaller than one snapshot
+    (dict(host_snapshots=3), "host_snapshots", 3),              # a snapshot count alone
+    (dict(host_pages=10**8), "host_pages", 10**8),              # over the machine's memory
+])
+def test_shared_host_counts_bad_input_names_the_count(configs_dir, kwargs, field, value):
+    with pytest.raises(ConfigError) as exc:
+        plan_pools(flash(configs_dir), PoolConfig(budget="shared_host", **kwargs), available_bytes=100 * GiB)
+    assert (exc.value.field, exc.value.value) == (field, value)
+    assert "\n" not in str(exc.value)
+
+
+def test_an_arena_budget_is_aligned_so_snapshot_objects_are(configs_dir):
+    lay = flash(configs_dir)
+    odd = 32212254                                   # --device-gib 0.03: not a multiple of 8
+    plan = plan_pools(lay, PoolConfig(device_bytes=odd, host_bytes=odd, budget="shared"), available_bytes=100 * GiB)
+    assert plan.device_arena == plan.host_arena == odd - odd % 8
+    host = plan_pools(lay, PoolConfig(device_bytes=GiB, host_bytes=odd, budget="shared_host"),
+                      available_bytes=100 * GiB)
+    assert host.host_arena == odd - odd % 8
