@@ -157,8 +157,9 @@ class HiCache:
         """Lock the usable prefix of ``match`` and queue the loads it needs from the host.
 
         All-or-nothing per request: if the device cannot take every host page and the
-        snapshot, nothing is loaded and the lease resumes from the deepest point that is
-        already on the device. ``start=False`` leaves the copies queued for the next
+        snapshot, the lease resumes from the deepest point that is already on the device
+        (nothing is loaded, but for the stages of a staged swap that landed before it
+        came up short: they stay, and count as loaded if the lease resumes on them). ``start=False`` leaves the copies queued for the next
         :meth:`step`, so a scheduler can batch the loads of many requests into one copy --
         except on an exclusive host tier when the load is bigger than the device's free
         rows: then its leading pages are swapped in stages, copied and applied inside this
@@ -203,7 +204,7 @@ class HiCache:
         r = self._tree.resume_point(path, device_only=True)
         node = self._tree.node_at(path, r.pages)
         self._pin(node, r.snapshot)
-        return r, node, []
+        return r, node, self._loader.landed_on(node)   # stages of a swap that did land
 
     def _pin(self, node: TreeNode, snap: Snapshot | None) -> None:
         self._tree.lock(node)

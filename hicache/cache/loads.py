@@ -20,14 +20,15 @@ and applied at once (its ack frees its host rows) before the next asks for devic
     stage 2: rows for A2 evict B2 -> B2 demoted into A1's old host rows; ...
     last:    what is left goes in the ordinary single load, launched with the others
 
-Staging starts only when the whole plan is feasible (the pinned rows leave room for it), so
-a load that cannot fit is still refused with nothing moved. A stage's copy runs
-synchronously inside ``load()`` (like a write_back eviction's backup; it launches every
-queued copy, other leases' too) and only its own ack is applied; other copies' acks stay
-collected for ``poll()``. A stage that fails -- or a later allocation that still comes up
-short, feasibility being a bound -- leaves the stages before it on the device and the load
-falls back to the deepest resume point already there (the landed stages are then counted as
-device hits of the lease that resumes on them).
+A stage's copy runs synchronously inside ``load()`` (like a write_back eviction's backup; it
+launches every queued copy, other leases' too) and only its own ack is applied; other
+copies' acks stay collected for ``poll()``. A load that cannot land whole -- a stage fails,
+or the rest finds no room -- keeps the stages that landed on the device (they are cached
+pages like any other, and an intermediate snapshot left on the device at one of their ends
+makes them resumable) and falls back to the deepest resume point on the device; the stages
+on that point's chain count as loaded (:meth:`landed_on`). Measured: gating staging on the
+whole load being feasible, so that such a load moved nothing, cost 1.2 points on ShareGPT
+s1 at host 0.5 GiB (85.1 -> 83.9).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Loader:
         self._copies = copies
         self._apply = apply
         self._exclusive = exclusive_host
+        self._landed: list[Load] = []   # the stages of the last queue() that returned None
 
     def queue(self, node: TreeNode, snap: Snapshot | None) -> list[Load] | None:
         """Device rows for every shadow page up to ``node`` and for the snapshot: the loads
@@ -77,18 +79,25 @@ class Loader:
             res.hold_sources(plan, -1)
             if pages is not None and pages.ok:
                 res.free(DEVICE, PAGE, pages.ids.numpy())
+            self._landed = staged
             return None
         return staged + res.loads_for(plan, pages, state)
+
+    def landed_on(self, node: TreeNode) -> list[Load]:
+        """After :meth:`queue` returned None: its stages that landed, cut to the chain of
+        ``node`` (the fallback resume point), for the lease to count as loaded."""
+        chain = set(node.iter_ancestors())
+        out = [Load(nodes=[n for n in load.nodes if n in chain], landed=True) for load in self._landed]
+        self._landed = []
+        return [load for load in out if load.nodes]
 
     def _stage(self, plan: LoadPlan) -> tuple[list[Load], LoadPlan | None]:
         """Load the plan's leading shadows stage by stage while the rest does not fit the
         device's free rows (exclusive tier). Returns the landed stages and what is left to
         load, or None for the rest when a stage failed (its sources let go)."""
         staged: list[Load] = []
-        res = self._res
-        if not self._exclusive or not res.feasible(DEVICE, PAGE, plan.pages) or (
-                plan.snapshot is not None and not res.feasible(DEVICE, STATE, 1)):
-            return staged, plan   # what cannot fit whole is refused whole, nothing moved
+        if not self._exclusive:
+            return staged, plan
         device, host = self._res.pools.device, self._res.pools.host
         shadows, pages = list(plan.shadows), plan.pages
         while shadows:
@@ -112,6 +121,7 @@ class Loader:
             self._apply(ack)    # the stage's device copy is in place; its host rows go
             if not ack.ok:
                 self._res.hold_sources(LoadPlan(rest, pages - size, None), -1)
+                self._landed = staged
                 return staged, None
             load.landed = True
             staged.append(load)
