@@ -26,6 +26,15 @@ def swap_setup(host_pages):
     return eng
 
 
+def read_back(eng, tokens):
+    """Start a request on ``tokens`` (every borrowed byte verified), release it, check the
+    cache; the lease."""
+    _, lease = eng.start(tokens)
+    eng.cache.release(lease)
+    eng.cache.check_integrity()
+    return lease
+
+
 @pytest.mark.parametrize("host_pages", [8, 9])
 def test_a_load_bigger_than_the_free_host_room_swaps_in_stages_and_keeps_the_displaced_chain(host_pages):
     eng = swap_setup(host_pages)
@@ -37,9 +46,7 @@ def test_a_load_bigger_than_the_free_host_room_swaps_in_stages_and_keeps_the_dis
     m = cache.match(B)                             # B's four displaced pages were demoted, none dropped
     assert m.resume_tokens == 24 and m.device_tokens + m.host_tokens == 24 and m.host_tokens == 16
     assert cache.counters.device_evicted_pages == 0
-    _, again = eng.start(B)                        # and read back exactly
-    cache.release(again)
-    cache.check_integrity()
+    read_back(eng, B)                              # and read back exactly
     cache.close()
 
 
@@ -59,10 +66,7 @@ def test_a_failed_stage_falls_back_and_loses_no_host_copy():
     cache.drain()
     cache.check_integrity()
     assert cache.match(A).host_tokens == 24 and cache.counters.load_failures == 1
-    _, again = eng.start(A)                        # the host copy is intact: the swap now succeeds
-    assert again.loaded_tokens == 24
-    cache.release(again)
-    cache.check_integrity()
+    assert read_back(eng, A).loaded_tokens == 24   # the host copy is intact: the swap now succeeds
     cache.close()
 
 
@@ -82,7 +86,5 @@ def test_a_swap_that_cannot_land_whole_keeps_its_stages_and_counts_what_it_resum
     cache.release(lease)
     cache.release(holder)
     cache.check_integrity()
-    _, again = eng.start(A)                                # every byte of A still reads back
-    cache.release(again)
-    cache.check_integrity()
+    read_back(eng, A)                                      # every byte of A still reads back
     cache.close()
