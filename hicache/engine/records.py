@@ -45,7 +45,8 @@ class EngineConfig:
     evicts does not depend on thread timing and a replay is reproducible run to run; their
     time is the clock's either way. ``wallclock``: a copy is applied at the first poll after
     its worker thread finished it, as a live engine sees it (results then vary slightly from
-    run to run). L3 transfers are not affected (their landing is on the clock).
+    run to run). Queued L3 puts also land by a step's end under ``step``; L3 fetches are not
+    affected (their landing is on the clock).
     """
 
     max_running: int = 16
