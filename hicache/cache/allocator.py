@@ -21,7 +21,6 @@ from typing import Callable, Sequence
 import numpy as np
 
 from hicache.cache.copies import Copies
-from hicache.cache.policy import PlacementPolicy
 from hicache.cache.residency import Residency
 from hicache.pools import AllocResult, Source, Tier
 from hicache.transfer import Ack, Direction
@@ -34,10 +33,8 @@ PAGE, STATE = Source.PAGE, Source.STATE
 class Allocator:
     """Allocates ids in a tier, evicting (and backing up) to make room (module docstring)."""
 
-    def __init__(self, residency: Residency, copies: Copies, apply: Callable[[Ack], None],
-                 policy: PlacementPolicy):
+    def __init__(self, residency: Residency, copies: Copies, apply: Callable[[Ack], None]):
         self._residency = residency
-        self._policy = policy
         self._copies = copies
         self._apply = apply
 
@@ -71,20 +68,13 @@ class Allocator:
             got = step.freed
             if step.to_backup:
                 self.backup_pages(step.to_backup, sync=True)
-                # The boundary state goes down with the pages: without it a host (and later
-                # L3) copy of the prefix could never be resumed from its end -- unless the
-                # policy finds it not worth host bytes (under value an intermediate one: a
-                # deeper snapshot on its only path; on a 1M-token chain those are a quarter of
-                # its host bytes, and lost the long-revisit workload a document). Synchronously,
-                # like the pages: a snapshot backup in flight makes its node busy, and a busy
-                # leaf pins its parent's subtree, so the next pass could neither back up the
-                # parent (the leaf's host copy is not evictable) nor drop it -- the
-                # allocation failed with the tree reporting pages evictable (issue 14's
+                # The boundary state goes down with the pages (Residency.snapshots_down_with),
+                # synchronously like them: a snapshot backup in flight makes its node busy,
+                # and a busy leaf pins its parent's subtree, so the next pass could neither
+                # back up the parent (the leaf's host copy is not evictable) nor drop it --
+                # the allocation failed with the tree reporting pages evictable (issue 14's
                 # livelock under greedy admission).
-                self.backup_snapshots([(n, n.snapshot) for n in step.to_backup
-                                        if n.on_host and n.snapshot is not None
-                                        and n.snapshot.provisional_owner is None
-                                        and self._policy.worth_demoting_snapshot(n, n.snapshot)], sync=True)
+                self.backup_snapshots(self._residency.snapshots_down_with(step.to_backup), sync=True)
                 got -= self._residency.demote_backed_up(step.to_backup)
             if got <= 0:
                 break

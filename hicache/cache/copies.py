@@ -87,17 +87,11 @@ class Copies:
             self._handles.pop(ack.tag, None)
         return acks
 
-    def settle(self) -> None:
-        """Launch what is queued and wait for every launched batch (the controller's, not
-        only the handles this object waits on), so the next poll collects all of them."""
-        self._ctl.step()
-        self._ctl.wait_launched()
-
     def wait_all(self, timeout: float | None = None) -> None:
-        """Launch what is queued and wait for every copy in flight (drain, shutdown)."""
+        """Launch what is queued and wait for every copy in flight -- every launched batch
+        of the controller, a lease's loads included (drain, shutdown, ``poll(wait=True)``)."""
         self._ctl.step()
-        for handle in list(self._handles.values()):
-            handle.wait(timeout=timeout)
+        self._ctl.wait_launched(timeout)
 
     # -- what integrity checks and stats read ---------------------------------------------
     def tags(self) -> list[Any]:

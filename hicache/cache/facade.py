@@ -86,7 +86,7 @@ class HiCache:
         self._residency = Residency(pools, self._tree, self._policy)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)
-        self._allocator = Allocator(self._residency, self._copies, self._apply, self._policy)
+        self._allocator = Allocator(self._residency, self._copies, self._apply)
         self._loader = Loader(self._residency, self._allocator, self._copies, self._apply,
                               self._policy.exclusive_host)
         self._publisher = Publisher(self._tree, self._policy.retention)
@@ -158,9 +158,10 @@ class HiCache:
 
         All-or-nothing per request: if the device cannot take every host page and the
         snapshot, the lease resumes from the deepest point that is already on the device
-        (nothing is loaded, but for the stages of a staged swap that landed before it
-        came up short: they stay, and count as loaded if the lease resumes on them). ``start=False`` leaves the copies queued for the next
-        :meth:`step`, so a scheduler can batch the loads of many requests into one copy --
+        (nothing is loaded, but for the stages of a staged swap that landed before it came
+        up short: they stay, and count as loaded if the lease resumes on them).
+        ``start=False`` leaves the copies queued for the next :meth:`step`, so a scheduler
+        can batch the loads of many requests into one copy --
         except on an exclusive host tier when the load is bigger than the device's free
         rows: then its leading pages are swapped in stages, copied and applied inside this
         call (:mod:`hicache.cache.loads`; that launches every queued copy).
@@ -422,7 +423,7 @@ class HiCache:
         applied does not depend on the copy and put threads' timing -- a simulation that
         polls at its step boundaries is then reproducible."""
         if wait:
-            self._copies.settle()
+            self._copies.wait_all()
         self._copies.step()
         n = self._apply_acks()
         self._after_puts(self._l3.settle() if wait else self._l3.poll())

@@ -178,6 +178,16 @@ class Residency:
         if keeps_head and 0 < need < node.num_pages:
             self._tree.split(node, node.num_pages - need)
 
+    def snapshots_down_with(self, nodes: Iterable[TreeNode]) -> list[tuple[TreeNode, Snapshot]]:
+        """The end snapshots that go to the host with these backed-up page runs: without one,
+        a host (and later L3) copy of the prefix could never be resumed from its end --
+        unless the policy finds it not worth host bytes (under value an intermediate one: a
+        deeper snapshot on its only path; on a 1M-token chain those are a quarter of its
+        host bytes). Split pools and shared arenas alike."""
+        return [(n, n.snapshot) for n in nodes
+                if n.on_host and n.snapshot is not None and n.snapshot.provisional_owner is None
+                and n.snapshot.device_id is not None and self._policy.worth_demoting_snapshot(n, n.snapshot)]
+
     def demote_backed_up(self, nodes: list[TreeNode]) -> int:
         """After their backup: demote (or, when it failed, drop) write_back victims.
         Returns the pages that could *not* be freed after all."""

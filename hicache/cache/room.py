@@ -1,7 +1,8 @@
 """Making room in a shared arena: compaction, then one eviction order for pages and snapshots.
 
-With ``budget: shared`` (every tier) or ``shared_host`` (the host) a tier is one arena (:mod:`hicache.pools.arena`): pages from the
-low end, snapshots from the high end, a free middle between their frontiers. An
+With ``budget: shared`` (every tier) or ``shared_host`` (the host) a tier is one arena
+(:mod:`hicache.pools.arena`): pages from the low end, snapshots from the high end, a free
+middle between their frontiers. An
 allocation of kind K (page or state) that is short gets room here, owned by
 :class:`~hicache.cache.residency.Residency`::
 
@@ -151,12 +152,7 @@ class Room:
         res, policy = self._res, self._res._policy
         if policy.write_back and not node.on_host and policy.worth_demoting(node):
             backup_pages([node])
-            snap = node.snapshot
-            if (node.on_host and snap is not None and snap.provisional_owner is None and snap.device_id is not None
-                    and policy.worth_demoting_snapshot(node, snap)):
-                # The boundary state goes down with its pages, as with split pools -- unless
-                # the policy finds it not worth host bytes (under value a mid-chain one)
-                backup_snapshots([(node, snap)])
+            backup_snapshots(res.snapshots_down_with([node]))   # as with split pools
             return res.demote_backed_up([node]) == 0
         return res.drop_device_copy(node)
 

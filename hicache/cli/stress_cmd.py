@@ -106,15 +106,15 @@ def build_cache(args: argparse.Namespace):
     has_state = bool(layout.object_bytes("state"))
     dev_snaps = args.device_snapshots if args.device_snapshots is not None else (8 if has_state else 0)
     host_snaps = args.host_snapshots if args.host_snapshots is not None else 2 * dev_snaps
-    page, snap = layout.object_bytes("page"), layout.object_bytes("state")
     if args.budget == "shared":
+        page, snap = layout.object_bytes("page"), layout.object_bytes("state")
         pools = PoolConfig(device="cpu", budget="shared", host_layout="page_first",
                            device_bytes=dev_pages * page + dev_snaps * snap,
                            host_bytes=host_pages * page + host_snaps * snap)
-    elif args.budget == "shared_host":
+    elif args.budget == "shared_host":   # the host counts size its arena (PoolConfig)
         pools = PoolConfig(device="cpu", budget="shared_host", host_layout="page_first",
                            device_bytes=cfg.pools.device_bytes, device_pages=dev_pages, device_snapshots=dev_snaps,
-                           host_bytes=host_pages * page + host_snaps * snap)
+                           host_pages=host_pages, host_snapshots=host_snaps)
     else:
         pools = PoolConfig(device="cpu", device_bytes=cfg.pools.device_bytes, host_bytes=cfg.pools.host_bytes,
                            host_ratio=cfg.pools.host_ratio, host_layout=cfg.pools.host_layout,

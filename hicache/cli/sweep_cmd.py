@@ -93,11 +93,11 @@ def _capacity_tokens(summary: dict, budget: str, layout, mean_prompt: float) -> 
     """The history tokens the simulator is given for one point, tier by tier: a split tier
     its page count, an arena its bytes at one snapshot per mean prompt (module docstring)."""
     from hicache.engine import kvsim
+    from hicache.pools import ARENA_TIERS
 
-    arenas = {"split": (), "shared_host": ("host",), "shared": ("device", "host")}[budget]
     total = 0
     for tier in ("device", "host"):
-        if tier in arenas:
+        if tier in ARENA_TIERS[budget]:
             total += kvsim.shared_capacity_tokens(summary[f"{tier}_bytes"], layout.object_bytes("page"),
                                                   layout.object_bytes("state"), layout.page_tokens, mean_prompt)
         else:

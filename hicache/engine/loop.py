@@ -31,8 +31,8 @@ import numpy as np
 from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.engine import contents
 from hicache.engine.clock import ClockConfig
-from hicache.engine.records import (ADMISSION_POLICIES, CopyLanding, EngineConfig, EngineReport, EngineRequest, Job,
-                                    NullExecutor, RequestRecord)
+from hicache.engine.records import (ADMISSION_POLICIES, CopyLanding, EngineConfig, EngineReport, EngineRequest,
+                                    Job, NullExecutor, RequestRecord)
 from hicache.engine.scheduler import Scheduler
 
 __all__ = ["ADMISSION_POLICIES", "CacheExecutor", "EngineConfig", "EngineReport", "ReferenceEngine",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from hicache.layout import CacheLayout
 from hicache.pools.anchor import AllocResult, Allocation, IndexAllocator, NoRoom, as_id_array
-from hicache.pools.config import POOL_BUDGETS, PoolBudget, PoolConfig, PoolPlan, plan_pools, resolve_device
+from hicache.pools.config import ARENA_TIERS, POOL_BUDGETS, PoolBudget, PoolConfig, PoolPlan, plan_pools, resolve_device
 from hicache.pools.tier import BUDGET_MODES, HOST_LAYOUTS, SOURCES, ObjectSlot, SidecarPool, Source, Tier, TierPools, object_slots
 
 
@@ -65,7 +65,7 @@ def build_pools(layout: CacheLayout, cfg: PoolConfig, *, plan: PoolPlan | None =
 
 __all__ = [
     "AllocResult", "Allocation", "IndexAllocator", "NoRoom", "as_id_array",
-    "POOL_BUDGETS", "PoolBudget", "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
+    "ARENA_TIERS", "POOL_BUDGETS", "PoolBudget", "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
     "BUDGET_MODES", "HOST_LAYOUTS", "SOURCES", "ObjectSlot", "SidecarPool", "Source", "Tier", "TierPools", "object_slots",
     "TieredPools", "build_pools",
 ]

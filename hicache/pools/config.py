@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 import psutil
 import torch
@@ -44,8 +45,6 @@ import torch
 from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout
-from typing import Literal
-
 from hicache.pools.tier import HOST_LAYOUTS, HostLayout
 
 GiB = 1024**3
@@ -57,6 +56,8 @@ ID_BOOKKEEPING_BYTES = 16
 ARENA_ALIGN = 8   # an arena's bytes are a multiple of this: the widest view of its objects (see _aligned)
 PoolBudget = Literal["split", "shared_host", "shared"]
 POOL_BUDGETS = ("split", "shared_host", "shared")
+# the tiers each budget makes one arena (the rest are split)
+ARENA_TIERS: dict[str, tuple[str, ...]] = {"split": (), "shared_host": ("host",), "shared": ("device", "host")}
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ class PoolConfig:
     Counts (``device_pages`` ...) override the byte budgets of split tiers when given (tests
     use them); with shared_host the host counts size its arena instead: ``host_pages x page
     bytes + host_snapshots x snapshot bytes`` (host_snapshots only with host_pages); with
-    shared they are refused. ``budget`` picks split, shared_host or
-    shared (see the module docstring); ``state_share`` is the state split of a split tier
-    (default 0.2) or the cap of a shared arena's snapshots (``shared`` only, default none).
+    shared they are refused. ``budget`` picks split, shared_host or shared (see the module
+    docstring); ``state_share`` is the state split of a split tier (default 0.2) or the cap
+    of a shared arena's snapshots (``shared`` only, default none).
     """
 
     device: str = "cpu"

@@ -255,8 +255,8 @@ class TransferController:
 
     def stats(self) -> dict:
         """Per direction: bytes and seconds of acked-ok batches, bytes of every launched
-        batch (``launched_bytes``: known when it launches, whatever its outcome), ops, batches, launches,
-        failures; plus the backend and what is queued now."""
+        batch (``launched_bytes``: known when it launches, whatever its outcome), ops,
+        batches, launches, failures; plus the backend and what is queued now."""
         out: dict = {d: dict(v) for d, v in self._stats.items()}
         for d in DIRECTIONS:
             s = out[d]
