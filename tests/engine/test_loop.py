@@ -192,11 +192,13 @@ def test_copies_launched_between_steps_are_charged_to_the_next_step():
     assert loaded == pytest.approx(plain + 10**9 / (cfg.clock.h2d_gbps * 1e9))
 
 
-@pytest.mark.parametrize("landing", ["step", "wallclock"])
-def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch, landing):
+def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch):
     """Device <-> host copies and L3 puts land by each step's end under ``step``, so what a
     later L3 lookup finds does not depend on the put threads: a replay whose puts take
-    20 ms each gives the records of one whose puts are instant (``wallclock`` does not)."""
+    20 ms each gives the records of one whose puts are instant. (Without the put settle it
+    does not; under ``wallclock`` it usually does not, but that depends on thread timing, so
+    it is not asserted.)"""
+    landing = "step"
     import time
 
     from hicache.storage.memory import MemoryBackend
@@ -219,4 +221,4 @@ def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch,
     monkeypatch.setattr(MemoryBackend, "put", slow_put)
     slow = replay(f"slow-{landing}")
     assert sum(r[2] for r in fast) > 0                 # L3 served hits
-    assert (slow == fast) == (landing == "step")
+    assert slow == fast
