@@ -36,16 +36,31 @@ class TreeConfig:
     ``retention_interval``: None keeps a snapshot at every published boundary; 0 keeps only
     the latest prompt boundary and the finish boundary of each request; N > 0 also keeps
     every N-th token boundary (N a multiple of ``page_tokens``).
+
+    ``depth_weights`` (``value`` eviction, layouts with state): the candidate weights of a
+    chain's depth against its recency, in requests per e-fold of depth. With more than one,
+    the cache replays every request in one ghost cache per weight and ranks by the weight
+    whose ghost hit most over the last ``depth_window`` requests (:mod:`hicache.tree.ghost`);
+    ``[0]`` is plain recency, with no ghosts.
     """
 
     eviction: str = "lru"
     retention_interval: int | None = None
+    depth_weights: tuple[float, ...] = (0.0,)
+    depth_window: int = 300
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
             raise ConfigError("eviction", self.eviction, f"must be one of {list(EVICTION_POLICIES)}")
         r = self.retention_interval
         check_int("retention_interval", r, optional=True, reason="must be null, 0 or a positive token count")
+        w = self.depth_weights
+        if (not isinstance(w, (list, tuple)) or not w
+                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < float("inf") for x in w)):
+            raise ConfigError("depth_weights", list(w) if isinstance(w, (list, tuple)) else w,
+                              "must be a list of numbers >= 0 (requests per e-fold of depth; [0]: plain recency)")
+        object.__setattr__(self, "depth_weights", tuple(float(x) for x in w))
+        check_int("depth_window", self.depth_window, minimum=1, reason="must be a positive number of requests")
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,8 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "host_snapshots": ("pools", "host_snapshots", None),
     "eviction": ("tree", "eviction", None),
     "retention_interval": ("tree", "retention_interval", None),
+    "depth_weights": ("tree", "depth_weights", None),
+    "depth_window": ("tree", "depth_window", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
     "host_tier": ("write", "host_tier", None),

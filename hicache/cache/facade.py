@@ -81,8 +81,8 @@ class HiCache:
         self.page_tokens = layout.page_tokens
         pools = build_pools(layout, self.config.pools)
         self._tree = RadixTree(layout.page_tokens, hash_seed=hash_seed, needs_snapshots=layout.has_state)
-        self._policy = policy or ConfiguredPolicy(self.config, layout.page_tokens,
-                                                      needs_snapshots=layout.has_state)
+        self._policy = policy or ConfiguredPolicy(self.config, layout.page_tokens, needs_snapshots=layout.has_state,
+                                                  ghost_units=pools.plan.page_units())
         self._residency = Residency(pools, self._tree, self._policy)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)
@@ -172,6 +172,8 @@ class HiCache:
         toks = match.tokens
         r, node, loads = self._lock_resume_point(toks)
         lease = self._open_lease(toks, r, node)
+        if self._policy.observe_request(toks, self._max_pages(toks), self._tree.clock):
+            self._tree.reorder(self._policy.strategy)
         self._loader.submit(loads)
         chain = list(node.iter_ancestors())[::-1]
         deps = [n.load_ticket for n in chain if n.load_ticket is not None]
@@ -505,6 +507,7 @@ class HiCache:
                 out[f"{tier.value}_{source.value}s_used"] = pools.num_used(source)
                 out[f"{tier.value}_{source.value}s_total"] = pools.capacity(source)
         out["running_requests"] = len(self._leases)
+        out.update(self._policy.tuning())
         l3 = self.l3_stats()
         # faults are counted by type ("timeout") and by operation ("get.timeout"): one of each
         out["l3_errors"] = sum(v for k, v in l3.get("faults", {}).items() if "." not in k) if l3 else 0

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 from typing import Protocol, Sequence
 
-from hicache.config import HiCacheConfig
+import numpy as np
+
+from hicache.config import HiCacheConfig, TreeConfig
 from hicache.tree import EvictionStrategy, RetentionPolicy, Snapshot, TreeNode, Value, get_strategy
+from hicache.tree.ghost import DepthTuner, page_keys
 
 
 class PlacementPolicy(Protocol):
@@ -62,11 +65,22 @@ class PlacementPolicy(Protocol):
         """write_back: back up this device snapshot victim (else drop it)?"""
         ...
 
+    def observe_request(self, tokens: np.ndarray, pages: int, clock: int) -> bool:
+        """A request was admitted for the first ``pages`` whole pages of ``tokens``, at
+        tree clock ``clock``; True when the strategy's priorities changed (the caller
+        reorders)."""
+        ...
+
+    def tuning(self) -> dict[str, float]:
+        """What the policy learned online (for stats)."""
+        ...
+
 
 class ConfiguredPolicy:
     """The policy the config names: write policy, host tier, eviction, retention."""
 
-    def __init__(self, config: HiCacheConfig, page_tokens: int, *, needs_snapshots: bool = True):
+    def __init__(self, config: HiCacheConfig, page_tokens: int, *, needs_snapshots: bool = True,
+                 ghost_units: tuple[float, float] | None = None):
         write = config.write
         self.strategy: EvictionStrategy = get_strategy(config.tree.eviction)
         self.retention = RetentionPolicy(config.tree.retention_interval, page_tokens)
@@ -77,6 +91,8 @@ class ConfiguredPolicy:
         self._threshold = write.write_through_threshold
         self._by_value = isinstance(self.strategy, Value)
         self._needs_snapshots = needs_snapshots   # hybrid layouts: a resume point needs a snapshot
+        self._depth = _DepthWeight(config.tree, ghost_units, page_tokens) \
+            if self._by_value and needs_snapshots and ghost_units is not None else None
 
     def backup_on_publish(self, new_nodes: Sequence[TreeNode]) -> list[TreeNode]:
         return list(new_nodes) if self._through else []
@@ -112,3 +128,51 @@ class ConfiguredPolicy:
         # An intermediate snapshot (a deeper one on its only path) is what the value order
         # gives up first on the device; it would be the host's first victim too.
         return not (self._by_value and Value.intermediate(node))
+
+    def observe_request(self, tokens: np.ndarray, pages: int, clock: int) -> bool:
+        if self._depth is None:
+            return False
+        ticks = self._depth.observe(tokens, pages, clock)
+        if ticks is None:
+            return False
+        assert isinstance(self.strategy, Value)
+        self.strategy.depth_weight = ticks
+        return True
+
+    def tuning(self) -> dict[str, float]:
+        if self._depth is None:
+            return {}
+        return {"depth_weight": self._depth.weight, "depth_weight_switches": self._depth.switches}
+
+
+class _DepthWeight:
+    """The value order's depth weight: chosen among ``depth_weights`` by ghost caches
+    (:class:`hicache.tree.ghost.DepthTuner`; one weight: fixed, no ghosts), in requests,
+    and handed to the strategy in ticks of the tree's clock.
+
+    The exchange rate (ticks per request) is measured, not assumed: a request takes one
+    tick per touch, insert and publish, so it depends on chunking and snapshots. It is
+    re-measured when the weight changes and at every power-of-two request count, so a
+    fixed weight re-scales O(log requests) times.
+    """
+
+    def __init__(self, tree: TreeConfig, ghost_units: tuple[float, float], page_tokens: int):
+        weights = tree.depth_weights
+        self._page_tokens = page_tokens
+        self._tuner = DepthTuner(*ghost_units, weights, tree.depth_window) if len(weights) > 1 else None
+        self.weight = min(weights)
+        self.switches = 0
+        self._requests = 0
+
+    def observe(self, tokens: np.ndarray, pages: int, clock: int) -> float | None:
+        """Count a request; the new weight in ticks when the strategy must change."""
+        self._requests += 1
+        n = self._requests
+        changed = self._tuner is not None and self._tuner.observe(page_keys(tokens, self._page_tokens, pages))
+        if changed:
+            assert self._tuner is not None
+            self.weight = self._tuner.weight
+            self.switches += 1
+        if not self.weight or not (changed or n & (n - 1) == 0):
+            return 0.0 if changed else None
+        return self.weight * clock / n

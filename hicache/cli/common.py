@@ -100,3 +100,15 @@ def parse_positive_list(text: str, flag: str, cast: Callable[[str], N], example:
     if not values or any(not v > 0 for v in values):
         raise ConfigError(flag, text, "must list one or more numbers > 0")
     return values
+
+
+def parse_numbers(flag: str, text: str) -> tuple[float, ...]:
+    """``a,b,c`` as finite numbers >= 0 (``--depth-weights``); a bad list is one ConfigError
+    naming ``flag``."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(flag, text, "must be comma-separated numbers like 0,10,30,60") from None
+    if not values or any(not 0 <= v < math.inf for v in values):
+        raise ConfigError(flag, text, "must list one or more finite numbers >= 0")
+    return values

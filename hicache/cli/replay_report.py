@@ -106,6 +106,9 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "device_pages": cache.pools.plan.device_pages,
         "host_pages": cache.pools.plan.host_pages,
         "retention_interval": cache.config.tree.retention_interval,
+        "depth_weights": list(cache.config.tree.depth_weights),
+        "depth_weight": s.get("depth_weight", 0.0),           # the ghosts' choice at the end
+        "depth_weight_switches": s.get("depth_weight_switches", 0),
         "storage_url": mask_url(cache.config.storage.url),
         "write_policy": cache.config.write.write_policy,
         "prefetch_policy": cache.config.storage.prefetch_policy,

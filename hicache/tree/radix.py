@@ -362,6 +362,11 @@ class RadixTree:
         """
         return (self._watch.pages if source == "page" else self._watch.snapshots)[tier]
 
+    def reorder(self, strategy: "EvictionStrategy") -> None:
+        """Forget the order kept for ``strategy``: its priorities changed for every node at
+        once (a new depth weight), so the next :meth:`eviction_order` rebuilds it, O(n)."""
+        self._watch.drop_order(strategy)
+
     def reprioritize(self, node: TreeNode) -> None:
         """Recompute ``node``'s (and its snapshot's) place in every eviction order; for
         strategies whose priority changed for a reason the tree does not observe."""

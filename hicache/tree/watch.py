@@ -52,6 +52,9 @@ class TreeWatch:
                     order.refresh_snapshot(n, n.snapshot)
         return order
 
+    def drop_order(self, strategy: "EvictionStrategy") -> None:
+        self.orders.pop((type(strategy), strategy.name), None)
+
     # -- totals -----------------------------------------------------------------------------
     @staticmethod
     def _settle(totals: dict[str, int], item: "TreeNode | Snapshot", now: tuple[int, int]) -> None:
