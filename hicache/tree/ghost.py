@@ -40,7 +40,7 @@ import numpy as np
 class _Page:
     __slots__ = ("key", "parent", "kids", "snap", "last", "depth", "gen")
 
-    def __init__(self, key: int, parent: "_Page | None", depth: int):
+    def __init__(self, key: object, parent: "_Page | None", depth: int):
         self.key, self.parent, self.depth = key, parent, depth
         self.kids = 0
         self.snap = False
@@ -60,7 +60,7 @@ class GhostCache:
         self.used = 0.0
         self.now = 0
         self._leaves: list[tuple[float, int, int, object]] = []   # (priority, seq, gen, key)
-        self._inter: list[tuple[int, int, int, object]] = []      # (last, seq, gen, key)
+        self._inter: list[tuple[float, int, int, object]] = []    # (last, seq, gen, key)
         self._dead: list[object] = []
         self._seq = 0
 
@@ -110,7 +110,7 @@ class GhostCache:
                 self._remove(p)
                 return True
         for heap in (self._inter, self._leaves):
-            held = []
+            held: list[tuple[float, int, int, object]] = []
             try:
                 while heap:
                     entry = heapq.heappop(heap)

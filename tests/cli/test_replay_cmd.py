@@ -88,3 +88,17 @@ def test_budget_and_copy_landing_flags_reach_the_run(capsys, budget, landing):
         rc, out = replay(capsys, *flags)
     assert rc == 0 and out["mismatched_pages"] == 0 and out["verified_pages"] > 0
     assert (out["budget"], out["copy_landing"]) == (budget, landing)
+
+
+@pytest.mark.parametrize("weights, expect", [("0", [0.0]), ("0,20", [0.0, 20.0])])
+def test_depth_weights_flag_reaches_the_run(capsys, weights, expect):
+    rc, out = replay(capsys, "--depth-weights", weights)
+    assert rc == 0 and out["depth_weights"] == expect and out["mismatched_pages"] == 0
+    assert out["depth_weight"] in expect
+
+
+@pytest.mark.parametrize("bad", ["x", "-1", ",", "inf"])
+def test_a_bad_depth_weights_flag_is_one_line(capsys, bad):
+    assert main(["replay", "--quiet", f"--depth-weights={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--depth-weights" in err[0]

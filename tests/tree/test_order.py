@@ -7,6 +7,8 @@ sequences of tree changes and evictions and compares the two after every step.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -27,6 +29,15 @@ def ids(*v: int) -> np.ndarray:
 # -- the reference ---------------------------------------------------------------------------
 def _snap_busy(s):
     return s is not None and (s.backup_pending or s.put_pending or s.loading)
+
+
+class DeepValue(Value):
+    """Value with a depth weight, under its own name (one order per name)."""
+
+    name = "value-deep"
+
+    def __init__(self):
+        super().__init__(depth_weight=7.0)
 
 
 def ref_device_eligible(n) -> bool:
@@ -63,7 +74,10 @@ def ref_snapshot_priority(strategy, n, s) -> tuple:
             c = stack.pop()
             below += c.snapshot is not None
             stack.extend(c.children.values())
-        return (0 if below and len(n.children) <= 1 else 1, s.last_access)
+        if len(n.children) >= 2:
+            return (2, s.last_access)
+        w = strategy.depth_weight
+        return (0 if below else 1, s.last_access + w * math.log(n.depth + 1) if w else s.last_access)
     return strategy.priority(s.last_access, 0)
 
 
@@ -130,7 +144,7 @@ def test_dead_tails_go_first_then_strategy_then_node_id():
     assert [n.node_id for n in device_victims(t, LRU())] == [c.node_id, b.node_id, a.node_id]
 
 
-def test_value_ranks_intermediate_snapshots_first_and_branch_points_keep_rank():
+def test_value_ranks_intermediate_snapshots_first_and_branch_points_last():
     t = RadixTree(P, needs_snapshots=True)
     a = t.insert(toks(1, 2), ids(10, 11)).last       # a conversation: turn 1 ends at a
     a.snapshot = Snapshot(device_id=0, last_access=t.tick())
@@ -145,7 +159,7 @@ def test_value_ranks_intermediate_snapshots_first_and_branch_points_keep_rank():
     assert order() == [a.node_id, c.node_id, b.node_id]    # a is intermediate: first, though newer than c
     d = t.insert(toks(1, 2, 9), ids(10, 11, 14)).last     # a second request diverges at a: a branch point
     assert len(a.children) == 2
-    assert order() == [c.node_id, a.node_id, b.node_id]    # plain recency again
+    assert order() == [c.node_id, b.node_id, a.node_id]    # a branch point goes last, b newer though it is
     t.remove_subtree(d)
     assert order() == [a.node_id, c.node_id, b.node_id]
     b.snapshot = None                               # the deeper snapshot goes: a is the newest turn
@@ -257,7 +271,7 @@ def _publish(tree, pages, new_ids):
 @given(seqs=SEQS, ops=OPS, state=st.booleans(), lfu=st.booleans())
 def test_incremental_order_matches_a_fresh_scan(seqs, ops, state, lfu):
     tree = RadixTree(P, needs_snapshots=state)
-    strategies = [LFU() if lfu else LRU(), LRU(), Value()]
+    strategies = [LFU() if lfu else LRU(), LRU(), Value(), DeepValue()]
     next_id = [100]
     locked: list = []
 
