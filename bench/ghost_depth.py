@@ -20,7 +20,7 @@ from hicache.cli.common import parse_numbers, resolve_config
 from hicache.config import load_config
 from hicache.errors import ConfigError
 from hicache.pools import plan_pools
-from hicache.tree.ghost import DepthTuner, GhostCache
+from hicache.tree import DepthTuner, GhostCache
 from hicache.cli.replay_cmd import GiB
 
 

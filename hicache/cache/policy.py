@@ -28,8 +28,8 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from hicache.config import HiCacheConfig, TreeConfig
-from hicache.tree import EvictionStrategy, RetentionPolicy, Snapshot, TreeNode, Value, get_strategy
-from hicache.tree.ghost import DepthTuner, page_keys
+from hicache.tree import (DepthTuner, EvictionStrategy, RetentionPolicy, Snapshot, TreeNode, Value, get_strategy,
+                          page_keys)
 
 
 class PlacementPolicy(Protocol):
