@@ -163,7 +163,17 @@ class GhostCache:
         protected = set(keys)
         while self.used > self.capacity and self._evict_one(protected):
             pass
+        if len(self._leaves) + len(self._inter) + len(self._dead) > 2 * len(pages) + 64:
+            self._compact()
         return hit
+
+    def _compact(self) -> None:
+        """Drop superseded heap entries (lazy deletion leaves one per re-push), so a ghost
+        that rarely evicts stays O(pages) in memory."""
+        for heap in (self._leaves, self._inter):
+            heap[:] = [e for e in heap if self._current(e[3], e[2]) is not None]
+            heapq.heapify(heap)
+        self._dead = list(dict.fromkeys(k for k in self._dead if k in self.pages))
 
 
 class DepthTuner:

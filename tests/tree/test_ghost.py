@@ -84,3 +84,10 @@ def test_depth_weights_are_checked(bad):
     from hicache.errors import ConfigError
     with pytest.raises(ConfigError, match="depth_weights"):
         TreeConfig(eviction="value", depth_weights=bad)
+
+
+def test_a_ghost_that_never_evicts_keeps_its_heaps_small():
+    g = GhostCache(capacity_units=10_000, snapshot_units=1, weight=0)
+    for _ in range(2000):
+        g.step([1, 2, 3])                # the same chain again and again: one live leaf
+    assert len(g._leaves) + len(g._inter) + len(g._dead) <= 2 * len(g.pages) + 64
