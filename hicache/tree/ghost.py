@@ -4,9 +4,9 @@ Why. Recency alone (LRU) is what the value order falls back on, and on multi-tur
 it is not the best order at tight budgets: a long conversation is both more likely to come
 back (on chat traffic the chance of another turn grows with the turns already taken) and
 worth more per byte when it does (its one ~4 MB snapshot is spread over more pages). On
-ShareGPT at the tightest budget, weighting a chain's recency by its depth gains 2-3 points.
-On agentic traffic the same weight loses: a rollout's steps are drawn uniformly, so the
-deeper a rollout the likelier it has just ended. No constant fits both, so the weight is
+ShareGPT at the tightest budget, weighting a chain's recency by its depth gains 1.5-3 points.
+On the built-in agentic traffic a fixed weight loses: a rollout's step count is drawn
+uniformly, so the deeper a rollout the likelier it has just ended. No constant fits both, so the weight is
 chosen online: a few ghosts replay every request under candidate weights, and the cache
 uses the weight whose ghost hit most over the recent window (:class:`DepthTuner`).
 
