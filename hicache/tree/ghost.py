@@ -45,7 +45,7 @@ class _Page:
         self.kids = 0
         self.snap = False
         self.last = 0
-        self.gen = 0          # bumped whenever this page's heap entry is superseded
+        self.gen = 0          # its current heap entry's sequence number (0: none)
 
 
 class GhostCache:
@@ -59,24 +59,24 @@ class GhostCache:
         self.pages: dict[object, _Page] = {}
         self.used = 0.0
         self.now = 0
-        self._leaves: list[tuple[float, int, int, object]] = []   # (priority, seq, gen, key)
-        self._inter: list[tuple[float, int, int, object]] = []    # (last, seq, gen, key)
+        self._leaves: list[tuple[float, int, object]] = []   # (priority, gen, key)
+        self._inter: list[tuple[float, int, object]] = []    # (last, gen, key)
         self._dead: list[object] = []
         self._seq = 0
 
     # -- bookkeeping --------------------------------------------------------------------------
     def _push(self, p: _Page) -> None:
         """Queue ``p`` by its current role (dead leaf, live leaf or intermediate snapshot)."""
-        p.gen += 1
         self._seq += 1
+        p.gen = self._seq     # unique across pages: a key removed and added again gets a new gen
         if p.kids == 0:
             if p.snap:
                 prio = p.last + self.weight * math.log(p.depth + 1)
-                heapq.heappush(self._leaves, (prio, self._seq, p.gen, p.key))
+                heapq.heappush(self._leaves, (prio, p.gen, p.key))
             else:
                 self._dead.append(p.key)
         elif p.kids == 1 and p.snap:
-            heapq.heappush(self._inter, (p.last, self._seq, p.gen, p.key))
+            heapq.heappush(self._inter, (p.last, p.gen, p.key))
 
     def _current(self, key: object, gen: int) -> _Page | None:
         p = self.pages.get(key)
@@ -110,11 +110,11 @@ class GhostCache:
                 self._remove(p)
                 return True
         for heap in (self._inter, self._leaves):
-            held: list[tuple[float, int, int, object]] = []
+            held: list[tuple[float, int, object]] = []
             try:
                 while heap:
                     entry = heapq.heappop(heap)
-                    p = self._current(entry[3], entry[2])
+                    p = self._current(entry[2], entry[1])
                     if p is None:
                         continue
                     if p.key in protected:
@@ -158,11 +158,14 @@ class GhostCache:
             if 0 < end <= len(keys) and not pages[keys[end - 1]].snap:
                 pages[keys[end - 1]].snap = True
                 self.used += self.snapshot_units
-        for key in keys:
-            self._push(pages[key])
-        protected = set(keys)
-        while self.used > self.capacity and self._evict_one(protected):
-            pass
+        for key in keys:   # re-queue what a touch re-keys: leaves and pages with a snapshot
+            p = pages[key]
+            if p.snap or not p.kids:
+                self._push(p)
+        if self.used > self.capacity:
+            protected = set(keys)
+            while self.used > self.capacity and self._evict_one(protected):
+                pass
         if len(self._leaves) + len(self._inter) + len(self._dead) > 2 * len(pages) + 64:
             self._compact()
         return hit
@@ -171,7 +174,7 @@ class GhostCache:
         """Drop superseded heap entries (lazy deletion leaves one per re-push), so a ghost
         that rarely evicts stays O(pages) in memory."""
         for heap in (self._leaves, self._inter):
-            heap[:] = [e for e in heap if self._current(e[3], e[2]) is not None]
+            heap[:] = [e for e in heap if self._current(e[2], e[1]) is not None]
             heapq.heapify(heap)
         self._dead = list(dict.fromkeys(k for k in self._dead if k in self.pages))
 
@@ -188,12 +191,10 @@ class DepthTuner:
         self._recent: list[deque[int]] = [deque(maxlen=window) for _ in self.weights]
         self._sums = [0] * len(self.weights)
         self.weight = min(self.weights)
-        self.requests = 0
         self.switches = 0
 
     def observe(self, keys: Sequence[object]) -> bool:
         """Replay one request in every ghost; True when the chosen weight changed."""
-        self.requests += 1
         for i, ghost in enumerate(self.ghosts):
             hit = ghost.step(keys)
             recent = self._recent[i]

@@ -91,3 +91,15 @@ def test_a_ghost_that_never_evicts_keeps_its_heaps_small():
     for _ in range(2000):
         g.step([1, 2, 3])                # the same chain again and again: one live leaf
     assert len(g._leaves) + len(g._inter) + len(g._dead) <= 2 * len(g.pages) + 64
+
+
+def test_used_units_stay_exact_when_keys_come_back_and_the_weight_moves():
+    # A key evicted and inserted again is a new page: a heap entry left from the old one
+    # must not pass for it (it once did, and the ghost's unit count drifted).
+    rng = np.random.default_rng(3)
+    g = GhostCache(capacity_units=30, snapshot_units=2.5, weight=0)
+    for i in range(3000):
+        g.weight = (0.0, 5.0)[i % 2]
+        root = int(rng.integers(6))
+        g.step([root * 100 + d for d in range(int(rng.integers(1, 9)))])
+        assert g.used == pytest.approx(len(g.pages) + 2.5 * sum(p.snap for p in g.pages.values()))
