@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from hicache.cli.common import parse_numbers, resolve_config
+from hicache.cli.common import parse_depth_weights, resolve_config
 from hicache.config import load_config
 from hicache.errors import ConfigError
 from hicache.pools import plan_pools
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         layout, cfg = load_config(resolve_config(a.config), device_bytes=int(a.device_gib * GiB),
                                   host_bytes=int(a.host_gib * GiB))
         units, snap = plan_pools(layout, cfg.pools).page_units()
-        weights = parse_numbers("--weights", a.weights)
+        weights = parse_depth_weights("--weights", a.weights)
         reqs = _requests(a.trace)
     except (ConfigError, OSError) as exc:
         print(f"ghost_depth: error: {exc}", file=sys.stderr)

@@ -90,25 +90,21 @@ def print_json(obj: Any) -> None:
     print(json.dumps(json_safe(obj), indent=2, allow_nan=False))
 
 
-def parse_positive_list(text: str, flag: str, cast: Callable[[str], N], example: str) -> list[N]:
-    """``a,b,c`` as numbers > 0 (``cast``: int or float); a bad list is one ConfigError naming
-    ``flag``, e.g. ``--host-gib``, with an ``example`` of a good one."""
+def parse_positive_list(text: str, flag: str, cast: Callable[[str], N], example: str, *,
+                        zero_ok: bool = False) -> list[N]:
+    """``a,b,c`` as finite numbers > 0 (``zero_ok``: >= 0; ``cast``: int or float); a bad
+    list is one ConfigError naming ``flag``, e.g. ``--host-gib``, with an ``example`` of a
+    good one."""
     try:
         values = [cast(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(flag, text, f"must be comma-separated numbers like {example}") from None
-    if not values or any(not v > 0 for v in values):
-        raise ConfigError(flag, text, "must list one or more numbers > 0")
+    least = "finite numbers >= 0" if zero_ok else "finite numbers > 0"
+    if not values or any(not (v >= 0 if zero_ok else v > 0) or not math.isfinite(v) for v in values):
+        raise ConfigError(flag, text, f"must list one or more {least}")
     return values
 
 
-def parse_numbers(flag: str, text: str) -> tuple[float, ...]:
-    """``a,b,c`` as finite numbers >= 0 (``--depth-weights``); a bad list is one ConfigError
-    naming ``flag``."""
-    try:
-        values = tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(flag, text, "must be comma-separated numbers like 0,10,30,60") from None
-    if not values or any(not 0 <= v < math.inf for v in values):
-        raise ConfigError(flag, text, "must list one or more finite numbers >= 0")
-    return values
+def parse_depth_weights(flag: str, text: str) -> tuple[float, ...]:
+    """``--depth-weights``: candidate depth weights, finite numbers >= 0."""
+    return tuple(parse_positive_list(text, flag, float, "0,10,30,60", zero_ok=True))

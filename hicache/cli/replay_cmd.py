@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from hicache.cli.common import (at_least, check_output, parse_numbers, parse_retention, positive_number,
+from hicache.cli.common import (at_least, check_output, parse_depth_weights, parse_retention, positive_number,
                                 resolve_config)
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
@@ -147,7 +147,7 @@ def cache_overrides(args: argparse.Namespace) -> dict:
     if args.retention is not None:
         out["retention_interval"] = parse_retention("--retention", args.retention)
     if args.depth_weights is not None:
-        out["depth_weights"] = parse_numbers("--depth-weights", args.depth_weights)
+        out["depth_weights"] = parse_depth_weights("--depth-weights", args.depth_weights)
     return out
 
 

@@ -19,7 +19,7 @@ import dataclasses
 import time
 import traceback
 
-from hicache.cli.common import at_least, parse_numbers, parse_retention, print_json, resolve_config
+from hicache.cli.common import at_least, parse_depth_weights, parse_retention, print_json, resolve_config
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
 from hicache.config import EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, load_config
@@ -95,7 +95,7 @@ def check_args(args: argparse.Namespace) -> range:
     if args.retention is not None:
         parse_retention("--retention", args.retention)
     if args.depth_weights is not None:
-        parse_numbers("--depth-weights", args.depth_weights)
+        parse_depth_weights("--depth-weights", args.depth_weights)
     return parse_seeds(args.seeds) if args.seeds is not None else range(args.seed, args.seed + 1)
 
 
@@ -133,7 +133,7 @@ def build_cache(args: argparse.Namespace):
     if args.eviction:
         tree = dataclasses.replace(tree, eviction=args.eviction)
     if args.depth_weights is not None:
-        tree = dataclasses.replace(tree, depth_weights=parse_numbers("--depth-weights", args.depth_weights))
+        tree = dataclasses.replace(tree, depth_weights=parse_depth_weights("--depth-weights", args.depth_weights))
     if args.retention is not None:
         tree = dataclasses.replace(tree, retention_interval=parse_retention("--retention", args.retention))
     # The stress loop is synchronous: wait for each prefetch so L3 paths run every time.
