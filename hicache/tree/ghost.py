@@ -22,7 +22,8 @@ pages, and the point where it left the cached path), and the ghost evicts until 
        snapshot and with the ancestors that leaves dead
 
 A snapshot at a branch point (two or more children) is never a victim of its own: its
-branches resume there. Time is counted in requests, so a weight reads as "requests of
+branches resume there. One at a former branch point (one child left) is not intermediate:
+it ranks with the live leaves, as in the cache's value order. Time is counted in requests, so a weight reads as "requests of
 recency one e-fold of depth is worth". Each step costs O(pages of the request + victims x
 log n).
 """
@@ -38,12 +39,13 @@ import numpy as np
 
 
 class _Page:
-    __slots__ = ("key", "parent", "kids", "snap", "last", "depth", "gen")
+    __slots__ = ("key", "parent", "kids", "snap", "forked", "last", "depth", "gen")
 
     def __init__(self, key: object, parent: "_Page | None", depth: int):
         self.key, self.parent, self.depth = key, parent, depth
         self.kids = 0
         self.snap = False
+        self.forked = False   # has had two children or more (RadixTree's TreeNode.forked)
         self.last = 0
         self.gen = 0          # its current heap entry's sequence number (0: none)
 
@@ -69,12 +71,11 @@ class GhostCache:
         """Queue ``p`` by its current role (dead leaf, live leaf or intermediate snapshot)."""
         self._seq += 1
         p.gen = self._seq     # unique across pages: a key removed and added again gets a new gen
-        if p.kids == 0:
-            if p.snap:
-                prio = p.last + self.weight * math.log(p.depth + 1)
-                heapq.heappush(self._leaves, (prio, p.gen, p.key))
-            else:
-                self._dead.append(p.key)
+        if p.snap and (p.kids == 0 or (p.kids == 1 and p.forked)):
+            prio = p.last + self.weight * math.log(p.depth + 1)
+            heapq.heappush(self._leaves, (prio, p.gen, p.key))
+        elif p.kids == 0:
+            self._dead.append(p.key)
         elif p.kids == 1 and p.snap:
             heapq.heappush(self._inter, (p.last, p.gen, p.key))
 
@@ -151,6 +152,7 @@ class GhostCache:
                 self.used += 1
                 if parent is not None:
                     parent.kids += 1
+                    parent.forked = parent.forked or parent.kids >= 2
                     self._push(parent)
             p.last = self.now
             parent = p

@@ -213,6 +213,8 @@ class RadixTree:
         key = node.first_page_key(P)
         assert key not in parent.children, "add_child over an existing child"
         parent.children[key] = node
+        if len(parent.children) >= 2:
+            _set(parent, "forked", True)   # for good: see Value.snapshot_priority
         _set(node, "_watch", self._watch)
         if device_ids is not None:
             _set(parent, "_device_children", parent._device_children + 1)
@@ -416,6 +418,7 @@ class RadixTree:
             assert node.lock_device >= sum(c.lock_device for c in node.children.values()), \
                 f"{node}: fewer locks than its children"
             assert node.lock_host >= 0 and node.backup_pending >= 0 and node.pins >= 0, f"{node}: negative counter"
+            assert node.forked or len(node.children) < 2, f"{node}: branches but is not marked forked"
             if node.snapshot is not None:
                 assert node.snapshot.lock >= 0, f"{node}: negative snapshot lock"
                 assert node.snapshot._node is node, f"{node}: its snapshot points elsewhere"

@@ -70,5 +70,5 @@ def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention
 def test_stress_with_the_depth_tuner_switching():
     rep = run(make_cache(device_pages=8, device_snaps=3, host_pages=16, host_snaps=5, write_policy="write_back",
                          host_tier="exclusive", eviction="value", depth_weights=(0.0, 1.0, 3.0, 10.0)),
-              ops=1500, seed=2, fault_rate=0.05)
+              ops=1500, seed=3, fault_rate=0.05)
     assert rep.stats["depth_weight_switches"] > 0 and rep.verified_pages > 0

@@ -214,3 +214,26 @@ def test_the_depth_weight_is_chosen_by_ghosts_and_reported():
     assert "depth_weight" not in Engine(make_cache(eviction="lru", depth_weights=(0.0, 10.0))).cache.stats()
     eng.cache.check_integrity()
     eng.cache.close()
+
+
+def test_a_former_branch_point_keeps_its_snapshot_for_the_next_sibling():
+    # Rows for four snapshots. X and Y fork after P (1, 2); X's next turn (X2) makes X's
+    # snapshot intermediate and it goes; then Y's branch is evicted whole, so the fork has
+    # one child and a deeper snapshot below it, like a shared system prompt whose other
+    # tasks have gone. It is still where the next new branch resumes: when (9) needs a row
+    # the oldest snapshot elsewhere (7's) gives it, not the fork's. Ranked as intermediate,
+    # the fork's went and the new sibling recomputed the whole prefix.
+    eng = Engine(make_cache(device_pages=7, device_snaps=4, write_policy="write_through_selective", threshold=99,
+                            eviction="value"))
+    cache = eng.cache
+    for pages in [(7,), (1, 2), (1, 2, 3), (1, 2, 4), (7,), (1, 2, 3, 5), (8,)]:
+        eng.run(toks(*pages, extra=1))
+    fork = node_of(cache, toks(1, 2))
+    assert len(fork.children) == 2 and fork.snapshot is not None
+    eng.run(toks(9, extra=1))                   # Y's page run goes (the oldest leaf), then a row
+    assert len(fork.children) == 1 and fork.forked and fork.snapshots_below == 1
+    assert cache.match(toks(1, 2, 6, extra=1)).resume_tokens == 8      # a new sibling resumes at the fork
+    assert cache.match(toks(7, extra=1)).resume_tokens == 0            # 7's snapshot gave its row
+    assert cache.match(toks(1, 2, 3, 5, extra=1)).resume_tokens == 16
+    cache.check_integrity()
+    cache.close()

@@ -36,6 +36,21 @@ def test_a_branch_point_snapshot_is_never_a_victim_of_its_own():
     assert 3 not in g.pages
 
 
+def test_a_former_branch_point_snapshot_ranks_with_the_leaves_not_first():
+    g = GhostCache(capacity_units=11, snapshot_units=1, weight=0)
+    g.step([1, 2])                      # snapshot at 2
+    g.step([1, 2, 3])
+    g.step([1, 2, 4])                   # 2 is a branch point
+    g.step([1, 2, 3, 5])                # 3's snapshot is intermediate
+    g.step([9])                         # 6 pages + 5 snapshots = 11 units: full
+    g.step([8])                         # 13: 3's snapshot goes, then the oldest leaf, 4
+    assert 4 not in g.pages and not g.pages[3].snap and g.used == 11 - 1
+    assert g.pages[2].forked and g.pages[2].kids == 1 and g.pages[2].snap
+    assert g.step([1, 2, 3, 5]) == 4    # passes 2 (a touch), resumes at 5
+    g.step([7])                         # 12: the oldest leaf (9) goes, not 2's snapshot
+    assert 9 not in g.pages and g.pages[2].snap and g.used == 10
+
+
 def test_a_depth_weight_keeps_a_deep_chain_over_a_newer_shallow_one():
     deep = list(range(100, 130))        # 30 pages
     for weight, survivor in ((0, "shallow"), (10, "deep")):

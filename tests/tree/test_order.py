@@ -77,7 +77,8 @@ def ref_snapshot_priority(strategy, n, s) -> tuple:
         if len(n.children) >= 2:
             return (2, s.last_access)
         w = strategy.depth_weight
-        return (0 if below else 1, s.last_access + w * math.log(n.depth + 1) if w else s.last_access)
+        return (0 if below and not n.forked else 1,
+                s.last_access + w * math.log(n.depth + 1) if w else s.last_access)
     return strategy.priority(s.last_access, 0)
 
 
@@ -160,8 +161,8 @@ def test_value_ranks_intermediate_snapshots_first_and_branch_points_last():
     d = t.insert(toks(1, 2, 9), ids(10, 11, 14)).last     # a second request diverges at a: a branch point
     assert len(a.children) == 2
     assert order() == [c.node_id, b.node_id, a.node_id]    # a branch point goes last, b newer though it is
-    t.remove_subtree(d)
-    assert order() == [a.node_id, c.node_id, b.node_id]
+    t.remove_subtree(d)                             # the other branch goes: a is a former branch
+    assert a.forked and order() == [c.node_id, a.node_id, b.node_id]   # point, ranked by recency
     b.snapshot = None                               # the deeper snapshot goes: a is the newest turn
     assert a.snapshots_below == 0
     assert order() == [c.node_id, a.node_id]

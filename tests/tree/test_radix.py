@@ -49,6 +49,28 @@ def test_split_keeps_snapshot_on_lower_node_and_ids_aligned():
     t.check_integrity()
 
 
+def test_a_node_where_requests_diverged_stays_forked():
+    t = RadixTree(P)
+    a = t.insert(toks(1, 2, 3), ids(10, 11, 12)).last
+    assert not a.forked
+    y = t.insert(toks(1, 2, 7), ids(20, 21, 22)).last      # diverges after page 2: a is split
+    upper = a.parent
+    assert upper.depth == 2 and len(upper.children) == 2
+    assert upper.forked and not a.forked and not y.forked   # the fork is the upper part's end
+    t.insert(toks(1, 2, 3, 4), ids(10, 11, 12, 23))
+    assert len(a.children) == 1 and not a.forked            # extended, not diverged
+    t.insert(toks(1, 2, 3, 5), ids(10, 11, 12, 24))
+    assert a.forked
+    for child in list(a.children.values()) + [y]:
+        child.device_ids = None
+        t.remove_subtree(child)
+    assert not a.children and len(upper.children) == 1
+    assert a.forked and upper.forked                        # for good: where requests left the path
+    top = t.split(upper, 1)
+    assert upper.forked and not top.forked                  # the flag stays with the node's end
+    t.check_integrity()
+
+
 def test_sibling_publish_dedups_to_existing_pages():
     t = RadixTree(P)
     t.insert(toks(1, 2, 3), ids(10, 11, 12))
