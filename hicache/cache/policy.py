@@ -118,9 +118,9 @@ class ConfiguredPolicy:
         # A branch point's snapshot (a node where requests diverged, even if its other
         # branches have gone since: TreeNode.forked) is what every sibling of the request's
         # path, and every new one, resumes from, but a request that resumes deeper never
-        # touches it: by access time alone it aged while its prefix was in constant use, and went before
-        # the leaves below it (agentic traces: +0.2 to +1.0 points at the two tightest
-        # budgets). Under lru / lfu access means resuming there, as before.
+        # touches it: by access time alone it aged while its prefix was in constant use,
+        # and went before the leaves below it (agentic traces: +0.2 to +1.0 points at the
+        # two tightest budgets). Under lru / lfu access means resuming there, as before.
         if not self._by_value:
             return []
         return [n.snapshot for n in chain[:-1] if n.snapshot is not None and n.forked]

@@ -23,9 +23,9 @@ pages, and the point where it left the cached path), and the ghost evicts until 
 
 A snapshot at a branch point (two or more children) is never a victim of its own: its
 branches resume there. One at a former branch point (one child left) is not intermediate:
-it ranks with the live leaves, as in the cache's value order. Time is counted in requests, so a weight reads as "requests of
-recency one e-fold of depth is worth". Each step costs O(pages of the request + victims x
-log n).
+it ranks with the live leaves, as in the cache's value order. Time is counted in requests,
+so a weight reads as "requests of recency one e-fold of depth is worth". Each step costs
+O(pages of the request + victims x log n).
 """
 
 from __future__ import annotations

@@ -214,7 +214,7 @@ class RadixTree:
         assert key not in parent.children, "add_child over an existing child"
         parent.children[key] = node
         if len(parent.children) >= 2:
-            _set(parent, "forked", True)   # for good: see Value.snapshot_priority
+            _set(parent, "forked", True)   # for good: see Value.intermediate
         _set(node, "_watch", self._watch)
         if device_ids is not None:
             _set(parent, "_device_children", parent._device_children + 1)
