@@ -17,7 +17,7 @@ One scheduler step of an engine, in terms of this API::
 ``HiCache`` is a thin facade over parts that each own their state and never call each
 other; it routes what one part produces to the part that acts on it::
 
-                     +-------------------- HiCache (leases, lookup counters) ---------------+
+                     +------------- HiCache (leases; LeaseOpener, Prefetches) -------------+
     engine calls --> |  match/load/alloc/publish/release/prefetch/poll: route records     |
                      +---+---------------+----------------+-----------------+-------------+
                          |               |                |                 |
@@ -27,41 +27,42 @@ other; it routes what one part produces to the part that acts on it::
                     records, host     flight, acks    orphans            prefetch rows
                     tier                 |
                          \\______________|________________|_________________/
+                                     Router (records between the parts, no state)
                                      RadixTree (the shared map of who holds what)
                                      PlacementPolicy (every placement decision)
 
-    an ack of a backup   -> Residency gives the nodes host ids -> L3Tier puts them
-    an ack of a load     -> Residency (exclusive tier: the host copy goes) -> Publisher
-                            settles an orphaned snapshot it read
-    a finished L3 put    -> Residency frees host copies loaded meanwhile -> Publisher
-    a node leaves the tree -> L3Tier forgets its retry, Publisher its orphan
+The routes (an ack of a copy, a finished L3 put, a node leaving the tree) are listed in
+:mod:`hicache.cache.routing`; the first half of :meth:`HiCache.load` (the resume point held,
+the lease opened) is :mod:`hicache.cache.opener`; the L3 prefetch path is
+:mod:`hicache.cache.prefetches`.
 """
 
 from __future__ import annotations
 
-import itertools
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from hicache.units import check_int
 from hicache.cache.allocator import Allocator
 from hicache.cache.copies import Copies
-from hicache.cache.l3tier import L3Tier, Prefetch, PutDone
-from hicache.cache.lease import Lease
+from hicache.cache.l3tier import L3Tier, Prefetch
+from hicache.cache.lease import Lease, snapshot_row
 from hicache.cache.loads import Loader
+from hicache.cache.opener import LeaseOpener
 from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
+from hicache.cache.prefetches import Prefetches
 from hicache.cache.publisher import Publisher
 from hicache.cache.residency import Residency
-from hicache.cache.results import CacheStats, LookupCounters, MatchResult, PublishResult
-from hicache.cache.tags import Load, PageBackup, SnapshotBackup
+from hicache.cache.routing import Router
+from hicache.cache.results import CacheStats, MatchResult, PublishResult
 from hicache.cache.tokens import as_tokens
 from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
 from hicache.pools import AllocResult, Source, Tier, TieredPools, build_pools
-from hicache.transfer import Ack, FaultInjector, TransferConfig
-from hicache.tree import ROOT_HASH, Boundary, PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode, chain_hashes
+from hicache.transfer import FaultInjector, TransferConfig
+from hicache.tree import ROOT_HASH, Boundary, RadixTree, chain_hashes
 
 DEVICE, HOST, PAGE, STATE = Tier.DEVICE, Tier.HOST, Source.PAGE, Source.STATE
 
@@ -86,17 +87,19 @@ class HiCache:
         self._residency = Residency(pools, self._tree, self._policy)
         # fault_injector: tests only -- called per copied layer, may raise TransferError.
         self._copies = Copies(pools, transfer or TransferConfig(), fault_injector=fault_injector)
-        self._allocator = Allocator(self._residency, self._copies, self._apply)
-        self._loader = Loader(self._residency, self._allocator, self._copies, self._apply,
-                              self._policy.exclusive_host)
         self._publisher = Publisher(self._tree, self._policy.retention)
         self._l3 = L3Tier(self.config.storage, layout, self._tree, pools.host, pools.plan.host_bytes,
                           pools.plan.page_bytes)
-        self._lookups = LookupCounters()
+        self._router = Router(self._residency, self._copies, self._publisher, self._l3)
+        self._allocator = Allocator(self._residency, self._copies, self._router.apply)
+        self._loader = Loader(self._residency, self._allocator, self._copies, self._router.apply,
+                              self._policy.exclusive_host)
+        self._opener = LeaseOpener(self._tree, self._loader, self._publisher, self._policy, self._router,
+                                   self._copies.launcher)
+        self._prefetches = Prefetches(self._tree, self._l3, self._allocator, self._residency, self._router)
         self._leases: dict[int, Lease] = {}
         self._residency.resume_snapshots = lambda: [lease._resume_snapshot for lease in self._leases.values()
                                                     if lease._resume_snapshot is not None]
-        self._lease_ids = itertools.count(1)
         self._closed = False
 
     @classmethod
@@ -123,7 +126,7 @@ class HiCache:
     @property
     def counters(self) -> CacheStats:
         """Every counter (a copy, gathered from the parts that count them)."""
-        return CacheStats.gather(self._lookups, self._residency.counters, self._publisher.counters,
+        return CacheStats.gather(self._opener.counters, self._residency.counters, self._publisher.counters,
                                  self._l3.counters)
 
     def page_hashes(self, tokens: object) -> list[bytes]:
@@ -170,8 +173,7 @@ class HiCache:
         if not isinstance(match, MatchResult):
             raise MisuseError(f"load() takes the MatchResult of match(), got {type(match).__name__}")
         toks = match.tokens
-        r, node, loads = self._lock_resume_point(toks)
-        lease = self._open_lease(toks, r, node)
+        lease, r, node, loads = self._opener.open(toks, self._max_pages(toks))
         if self._policy.observe_request(toks, self._max_pages(toks), self._tree.clock):
             self._tree.reorder(self._policy.strategy)
         self._loader.submit(loads)
@@ -180,78 +182,15 @@ class HiCache:
         if r.snapshot is not None and r.snapshot.load_ticket is not None:
             deps.append(r.snapshot.load_ticket)
         lease._deps = list(dict.fromkeys(deps))
-        self._count_hit(lease, loads)
         self._leases[lease.lease_id] = lease
         nodes, snap = self._policy.backup_on_hit(chain, r.snapshot)
         self._allocator.backup_pages(nodes)
         if snap and r.snapshot is not None:
             self._allocator.backup_snapshots([(chain[-1], r.snapshot)])
-        self._route_removed()
+        self._router.route_removed()
         if start:
             self._copies.step()
         return lease
-
-    def _lock_resume_point(self, toks: np.ndarray) -> tuple[ResumePoint, TreeNode, list[Load]]:
-        """Pin the deepest usable resume point and queue its loads; when the device has no
-        room for them, fall back to the deepest point already on the device."""
-        path = self._tree.walk(toks, self._max_pages(toks))
-        r = self._tree.resume_point(path)
-        node = self._tree.node_at(path, r.pages)
-        self._pin(node, r.snapshot)  # before making room: eviction must not take them
-        loads = self._loader.queue(node, r.snapshot)
-        if loads is not None:
-            return r, node, loads
-        self._unpin(node, r.snapshot)
-        self._lookups.load_fallbacks += 1
-        path = self._tree.walk(toks, self._max_pages(toks))  # a split may have changed it
-        r = self._tree.resume_point(path, device_only=True)
-        node = self._tree.node_at(path, r.pages)
-        self._pin(node, r.snapshot)
-        return r, node, self._loader.landed_on(node)   # stages of a swap that did land
-
-    def _pin(self, node: TreeNode, snap: Snapshot | None) -> None:
-        self._tree.lock(node)
-        if snap is not None:
-            self._publisher.pin(snap)
-
-    def _unpin(self, node: TreeNode, snap: Snapshot | None) -> None:
-        self._tree.lock(node, -1)
-        if snap is not None:
-            self._drop(self._publisher.unpin(snap))
-
-    def _open_lease(self, toks: np.ndarray, r: ResumePoint, node: TreeNode) -> Lease:
-        P = self.page_tokens
-        lease = Lease(lease_id=next(self._lease_ids), tokens=toks, resume_tokens=r.pages * P, page_table=[],
-                      snapshot_id=None, page_tokens=P, published_pages=r.pages, _locked_node=node,
-                      _step=self._copies.launcher)
-        chain = list(node.iter_ancestors())[::-1]
-        self._tree.touch(PathMatch(tuple((n, n.num_pages) for n in chain)))
-        lease.page_table = np.concatenate([n.device_ids for n in chain]).tolist() if chain else []
-        if r.snapshot is not None:
-            r.snapshot.last_access = self._tree.clock
-            lease._resume_snapshot = r.snapshot
-            lease.snapshot_id = r.snapshot.device_id
-        for snap in self._policy.passed_snapshots(chain):
-            snap.last_access = self._tree.clock
-        return lease
-
-    def _count_hit(self, lease: Lease, loads: list[Load]) -> None:
-        P = self.page_tokens
-        loaded = sum(n.num_pages for load in loads for n in load.nodes)
-        from_l3 = sum(n.num_pages for load in loads for n in load.nodes if n.from_l3)
-        for load in loads:
-            for n in load.nodes:
-                n.from_l3 = False
-        lease.loaded_tokens = loaded * P
-        lease.l3_tokens = from_l3 * P
-        c = self._lookups
-        c.loads += bool(loads)
-        c.matches += 1
-        c.match_tokens += len(lease.tokens)
-        c.hit_tokens += lease.resume_tokens
-        c.host_hit_tokens += (loaded - from_l3) * P
-        c.l3_hit_tokens += from_l3 * P
-        c.device_hit_tokens += lease.resume_tokens - loaded * P
 
     # -- requests' pages ----------------------------------------------------------------------
     def _lease(self, lease: Lease) -> Lease:
@@ -301,8 +240,8 @@ class HiCache:
             why = Boundary(why)
         except ValueError:
             raise MisuseError(f"publish: why={why!r} is not one of {[b.value for b in Boundary]}") from None
-        sid = _snapshot_row(snapshot if snapshot is not None else snapshot_id)
-        self._check_publish(lease, toks, num_pages, sid)
+        sid = snapshot_row(snapshot if snapshot is not None else snapshot_id)
+        lease.check_publish(toks, num_pages, sid)
         past = num_pages * self.page_tokens > lease.resume_tokens and lease._resume_snapshot is not None
         done = self._publisher.publish_pages(lease, toks, num_pages)
         self._residency.free(DEVICE, PAGE, done.duplicates)
@@ -318,43 +257,27 @@ class HiCache:
                 if offer.free_row is not None:
                     self._residency.free(DEVICE, STATE, [offer.free_row])
                 self._residency.release_host_snapshot(offer.regained)  # exclusive: the host copy goes
-                self._drop(offer.drop)
+                self._router.drop(offer.drop)
                 if offer.kept is not None and self._policy.backup_snapshot_on_publish(*offer.kept):
                     self._allocator.backup_snapshots([offer.kept])
             else:  # the boundary could not be published (a copy there is still loading)
                 self._residency.free(DEVICE, STATE, [sid])
                 self._publisher.unpublishable()
         if past:
-            self._drop(self._publisher.past_resume(lease))
-        self._route_removed()
+            self._router.drop(self._publisher.past_resume(lease))
+        self._router.route_removed()
         return PublishResult(published_pages=lease.published_pages,
                              duplicates_freed=int(done.duplicates.size), snapshot=outcome)
-
-    def _check_publish(self, lease: Lease, toks: np.ndarray, num_pages: int, sid: int | None) -> None:
-        P = self.page_tokens
-        if not lease.ok:
-            raise MisuseError("publish on a lease whose load failed; release it and recompute")
-        if not lease.ready():
-            raise MisuseError("publish before the lease's loads finished; call lease.wait() first")
-        check_int("publish: num_pages", num_pages, minimum=None, misuse=True)
-        if not (lease.published_pages <= num_pages <= len(lease.page_table)) or len(toks) < num_pages * P:
-            raise MisuseError(f"publish of {num_pages} pages: lease has {len(lease.page_table)} pages, "
-                              f"{lease.published_pages} already published, {len(toks)} tokens")
-        fixed = max(lease.resume_tokens, lease.published_pages * P)
-        if not np.array_equal(toks[:fixed], lease.tokens[:fixed]):
-            raise MisuseError("publish with tokens that differ from the lease's matched prefix")
-        if sid is not None and sid not in lease._unpublished_snapshots:
-            raise MisuseError(f"snapshot {sid} was not allocated for this lease")
 
     def release(self, lease: Lease) -> None:
         """End a request: unlock its pages and snapshots, free what it never published."""
         self._lease(lease)
         out = self._publisher.release(lease)
-        self._drop(out.drop)
+        self._router.drop(out.drop)
         self._residency.free(DEVICE, PAGE, out.pages)
         self._residency.free(DEVICE, STATE, out.snapshot_rows)
         del self._leases[lease.lease_id]
-        self._route_removed()
+        self._router.route_removed()
 
     # -- L3 prefetch ---------------------------------------------------------------------------
     def prefetch(self, match: MatchResult) -> Prefetch | None:
@@ -364,13 +287,7 @@ class HiCache:
         stays in the tree until :meth:`finish_prefetch` or :meth:`cancel_prefetch`.
         """
         self._check_open()
-        if not self._l3.enabled or not match.l3_hashes or self.pools.host.host_layout != "page_first":
-            return None  # fetches land straight in host objects; layer_first has none
-        base = match.history_tokens // self.page_tokens
-        path = self._tree.walk(match.tokens, base)
-        if path.num_pages < base:
-            return None  # the tree changed since the match: match again
-        return self._l3.start(match.tokens, match.l3_hashes, base, self._tree.node_at(path, base))
+        return self._prefetches.start(match)
 
     def finish_prefetch(self, pf: Prefetch | None, *, landed_pages: int | None = None) -> int:
         """Apply the prefetch policy, insert what arrived as host nodes; returns tokens added.
@@ -387,30 +304,12 @@ class HiCache:
         if pf.finished:
             return pf.inserted_tokens
         check_int("finish_prefetch: landed_pages", landed_pages, minimum=0, optional=True, misuse=True)
-        plan = self._l3.await_plan(pf, landed_pages)
-        if plan is not None:
-            pages = self._allocator.alloc(HOST, PAGE, plan.pages)
-            state = self._allocator.alloc(HOST, STATE, 1) if pages.ok and plan.state_index is not None else None
-            if pages.ok and (state is None or state.ok):
-                self._l3.fetch(pf, pages.ids.numpy(), int(state.ids[0]) if state is not None else None)
-            else:
-                if pages.ok:
-                    self._residency.free(HOST, PAGE, pages.ids.numpy())
-                self._l3.abandon(pf)
-        tokens = self._l3.complete(pf, landed_pages)
-        self._free_fetched_rows()
-        self._route_removed()
-        return tokens
+        return self._prefetches.finish(pf, landed_pages)
 
     def cancel_prefetch(self, pf: Prefetch | None) -> None:
         """Give up on a prefetch that will not be finished (releases its memory budget)."""
         if pf is not None:
-            self._l3.cancel(pf)
-
-    def _free_fetched_rows(self) -> None:
-        pages, states = self._l3.take_free_rows()
-        self._residency.free(HOST, PAGE, pages)
-        self._residency.free(HOST, STATE, states)
+            self._prefetches.cancel(pf)
 
     # -- progress -----------------------------------------------------------------------------
     def step(self) -> None:
@@ -427,75 +326,35 @@ class HiCache:
         if wait:
             self._copies.wait_all()
         self._copies.step()
-        n = self._apply_acks()
-        self._after_puts(self._l3.settle() if wait else self._l3.poll())
-        self._free_fetched_rows()
-        self._route_removed()
+        n = self._router.apply_acks()
+        self._router.after_puts(self._l3.settle() if wait else self._l3.poll())
+        self._router.free_fetched_rows()
+        self._router.route_removed()
         return n
 
     def drain(self, timeout: float | None = 30.0) -> None:
         """Wait for every queued and in-flight copy and apply them (tests, shutdown)."""
         self._copies.wait_all(timeout)
-        self._apply_acks()
-        self._after_puts(self._l3.drain(timeout))
-        self._free_fetched_rows()
-        self._apply_acks()
-        self._route_removed()
+        self._router.apply_acks()
+        self._router.after_puts(self._l3.drain(timeout))
+        self._router.free_fetched_rows()
+        self._router.apply_acks()
+        self._router.route_removed()
 
     def close(self) -> None:
         """Finish in-flight copies, apply them, and stop the copy workers."""
         if self._closed:
             return
         self.drain()
-        self._after_puts(self._l3.close())
-        self._free_fetched_rows()
-        self._route_removed()
+        self._router.after_puts(self._l3.close())
+        self._router.free_fetched_rows()
+        self._router.route_removed()
         self._copies.shutdown()
         self._closed = True
 
     def _check_open(self) -> None:
         if self._closed:
             raise MisuseError("this HiCache is closed")
-
-    # -- routing between the parts ----------------------------------------------------------------
-    def _apply_acks(self) -> int:
-        acks = self._copies.take_acks()
-        for ack in acks:
-            self._apply(ack)
-        return len(acks)
-
-    def _apply(self, ack: Ack) -> None:
-        tag = ack.tag
-        if isinstance(tag, PageBackup):
-            self._l3.put_pages(self._residency.apply_page_backup(tag, ack.ok))
-        elif isinstance(tag, SnapshotBackup):
-            if self._residency.apply_snapshot_backup(tag, ack.ok):
-                self._l3.put_snapshot(tag.node, tag.snap)
-            self._drop(self._publisher.settle(tag.snap))
-        elif isinstance(tag, Load):
-            self._residency.apply_load(tag, ack.ok)
-            if tag.snap is not None:
-                self._drop(self._publisher.settle(tag.snap))
-        else:
-            raise AssertionError(f"an ack of a copy the cache never submitted: {tag!r}")
-
-    def _after_puts(self, done: list[PutDone]) -> None:
-        for put in done:
-            self._residency.put_finished(put.nodes, put.snap)
-            if put.snap is not None:
-                self._drop(self._publisher.settle(put.snap))
-
-    def _drop(self, nodes: Sequence[TreeNode]) -> None:
-        """Drop the snapshots the publisher let go of (retention)."""
-        for node in nodes:
-            self._residency.drop_snapshot(node)
-
-    def _route_removed(self) -> None:
-        removed, detached = self._residency.take_removed()
-        if removed:
-            self._l3.forget(removed)
-        if detached:
-            self._publisher.forget(detached)
 
     # -- stats and checks ---------------------------------------------------------------------
     def stats(self) -> dict:
@@ -512,7 +371,7 @@ class HiCache:
         # faults are counted by type ("timeout") and by operation ("get.timeout"): one of each
         out["l3_errors"] = sum(v for k, v in l3.get("faults", {}).items() if "." not in k) if l3 else 0
         out["l3_rejected"] = sum(l3.get("rejected", {}).values()) if l3 else 0
-        c = self._lookups
+        c = self._opener.counters
         out["hit_rate"] = c.hit_tokens / c.match_tokens if c.match_tokens else 0.0
         return out
 
@@ -535,16 +394,3 @@ class HiCache:
         from hicache.cache.integrity import check_cache
 
         check_cache(self.pools, self._tree, list(self._leases.values()), self._copies, self._l3, self._publisher)
-
-
-def _snapshot_row(snapshot: object) -> int | None:
-    """The device state row a publish names: an allocation from ``alloc_snapshot`` or its id."""
-    if snapshot is None:
-        return None
-    ids = getattr(snapshot, "ids", None)
-    if ids is not None:
-        if not getattr(snapshot, "ok", False) or len(ids) != 1:
-            raise MisuseError("publish: snapshot must be one row from alloc_snapshot()")
-        return int(ids[0])
-    return check_int("publish: snapshot", snapshot, minimum=0, misuse=True,
-                     reason="must be an allocation from alloc_snapshot() or its row id")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hicache.errors import MisuseError
+from hicache.units import check_int
 from hicache.tree import LoadTicket, Snapshot, TreeNode
 
 
@@ -107,3 +108,34 @@ class Lease:
             if not done:
                 return False
         return self.ok
+
+    def check_publish(self, toks: np.ndarray, num_pages: int, sid: int | None) -> None:
+        """Raise :class:`MisuseError` unless publishing ``num_pages`` pages of ``toks`` (and
+        state row ``sid``) is something this lease can do now."""
+        P = self.page_tokens
+        if not self.ok:
+            raise MisuseError("publish on a lease whose load failed; release it and recompute")
+        if not self.ready():
+            raise MisuseError("publish before the lease's loads finished; call lease.wait() first")
+        check_int("publish: num_pages", num_pages, minimum=None, misuse=True)
+        if not (self.published_pages <= num_pages <= len(self.page_table)) or len(toks) < num_pages * P:
+            raise MisuseError(f"publish of {num_pages} pages: lease has {len(self.page_table)} pages, "
+                              f"{self.published_pages} already published, {len(toks)} tokens")
+        fixed = max(self.resume_tokens, self.published_pages * P)
+        if not np.array_equal(toks[:fixed], self.tokens[:fixed]):
+            raise MisuseError("publish with tokens that differ from the lease's matched prefix")
+        if sid is not None and sid not in self._unpublished_snapshots:
+            raise MisuseError(f"snapshot {sid} was not allocated for this lease")
+
+
+def snapshot_row(snapshot: object) -> int | None:
+    """The device state row a publish names: an allocation from ``alloc_snapshot`` or its id."""
+    if snapshot is None:
+        return None
+    ids = getattr(snapshot, "ids", None)
+    if ids is not None:
+        if not getattr(snapshot, "ok", False) or len(ids) != 1:
+            raise MisuseError("publish: snapshot must be one row from alloc_snapshot()")
+        return int(ids[0])
+    return check_int("publish: snapshot", snapshot, minimum=0, misuse=True,
+                     reason="must be an allocation from alloc_snapshot() or its row id")

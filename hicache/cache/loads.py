@@ -148,3 +148,15 @@ class Loader:
                                              np.asarray([load.snap_dst]), load)
                 assert isinstance(ticket, LoadHandle)
                 load.ticket = load.snap.load_ticket = ticket
+
+
+def loaded_pages(loads: list[Load]) -> tuple[int, int]:
+    """(pages the loads bring from the host, how many of those an L3 fetch had just put
+    there); clears the nodes' ``from_l3`` marks, so a fetched page counts as an L3 hit once."""
+    loaded = from_l3 = 0
+    for load in loads:
+        for n in load.nodes:
+            loaded += n.num_pages
+            from_l3 += n.num_pages if n.from_l3 else 0
+            n.from_l3 = False
+    return loaded, from_l3

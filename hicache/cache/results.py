@@ -99,6 +99,18 @@ class LookupCounters:
     loads: int = 0
     load_fallbacks: int = 0
 
+    def count(self, match_tokens: int, resume_tokens: int, loaded_tokens: int, l3_tokens: int, *,
+              loaded: bool) -> None:
+        """One :meth:`HiCache.load`: ``resume_tokens`` hit, of which ``loaded_tokens`` came
+        from the host (``l3_tokens`` of those just fetched from L3), the rest from the device."""
+        self.loads += loaded
+        self.matches += 1
+        self.match_tokens += match_tokens
+        self.hit_tokens += resume_tokens
+        self.host_hit_tokens += loaded_tokens - l3_tokens
+        self.l3_hit_tokens += l3_tokens
+        self.device_hit_tokens += resume_tokens - loaded_tokens
+
 
 @dataclass
 class ResidencyCounters:

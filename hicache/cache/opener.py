@@ -1,0 +1,101 @@
+"""Opening a lease: lock the deepest usable resume point, queue its loads, count the lookup.
+
+:meth:`HiCache.load` in two halves. This half decides *where* a request resumes and holds it
+there; the facade then submits the copies and backs up what the policy asks for::
+
+    walk the tree -> resume point (deepest boundary with a snapshot, any tier)
+    pin its path and snapshot          (before making room: eviction must not take them)
+    device rows for its host pages     (Loader.queue: all or nothing, staged swaps land now)
+      no room -> unpin, fall back to the deepest point already on the device
+                 (stages of a swap that did land there count as loaded)
+    lease: page table = the path's device pages, the snapshot it resumes from
+    touch the path; passing snapshots the policy keeps warm are touched too
+    count: hit tokens, of which loaded from the host, of which just fetched from L3
+
+It owns the lease ids and the lookup counters; the tree, loader, publisher and policy are
+the facade's parts, called through their interfaces.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+import numpy as np
+
+from hicache.cache.lease import Lease
+from hicache.cache.loads import Loader, loaded_pages
+from hicache.cache.policy import PlacementPolicy
+from hicache.cache.publisher import Publisher
+from hicache.cache.results import LookupCounters
+from hicache.cache.routing import Router
+from hicache.cache.tags import Load
+from hicache.tree import PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode
+
+
+class LeaseOpener:
+    """The first half of :meth:`HiCache.load` (module docstring)."""
+
+    def __init__(self, tree: RadixTree, loader: Loader, publisher: Publisher, policy: PlacementPolicy,
+                 router: Router, launcher: Callable[[], object]):
+        self._tree = tree
+        self._loader = loader
+        self._publisher = publisher
+        self._policy = policy
+        self._router = router
+        self._launcher = launcher
+        self._ids = itertools.count(1)
+        self.counters = LookupCounters()
+
+    def open(self, toks: np.ndarray, max_pages: int) -> tuple[Lease, ResumePoint, TreeNode, list[Load]]:
+        """A lease on the deepest resume point of ``toks`` that can be held, with its loads."""
+        r, node, loads = self._lock_resume_point(toks, max_pages)
+        lease = self._lease(toks, r, node)
+        loaded, from_l3 = loaded_pages(loads)
+        P = lease.page_tokens
+        lease.loaded_tokens, lease.l3_tokens = loaded * P, from_l3 * P
+        self.counters.count(len(toks), lease.resume_tokens, lease.loaded_tokens, lease.l3_tokens,
+                            loaded=bool(loads))
+        return lease, r, node, loads
+
+    def _lock_resume_point(self, toks: np.ndarray, max_pages: int) -> tuple[ResumePoint, TreeNode, list[Load]]:
+        path = self._tree.walk(toks, max_pages)
+        r = self._tree.resume_point(path)
+        node = self._tree.node_at(path, r.pages)
+        self._pin(node, r.snapshot)  # before making room: eviction must not take them
+        loads = self._loader.queue(node, r.snapshot)
+        if loads is not None:
+            return r, node, loads
+        self._unpin(node, r.snapshot)
+        self.counters.load_fallbacks += 1
+        path = self._tree.walk(toks, max_pages)  # a split may have changed it
+        r = self._tree.resume_point(path, device_only=True)
+        node = self._tree.node_at(path, r.pages)
+        self._pin(node, r.snapshot)
+        return r, node, self._loader.landed_on(node)   # stages of a swap that did land
+
+    def _pin(self, node: TreeNode, snap: Snapshot | None) -> None:
+        self._tree.lock(node)
+        if snap is not None:
+            self._publisher.pin(snap)
+
+    def _unpin(self, node: TreeNode, snap: Snapshot | None) -> None:
+        self._tree.lock(node, -1)
+        if snap is not None:
+            self._router.drop(self._publisher.unpin(snap))
+
+    def _lease(self, toks: np.ndarray, r: ResumePoint, node: TreeNode) -> Lease:
+        P = self._tree.page_tokens
+        lease = Lease(lease_id=next(self._ids), tokens=toks, resume_tokens=r.pages * P, page_table=[],
+                      snapshot_id=None, page_tokens=P, published_pages=r.pages, _locked_node=node,
+                      _step=self._launcher)
+        chain = list(node.iter_ancestors())[::-1]
+        self._tree.touch(PathMatch(tuple((n, n.num_pages) for n in chain)))
+        lease.page_table = np.concatenate([n.device_ids for n in chain]).tolist() if chain else []
+        if r.snapshot is not None:
+            r.snapshot.last_access = self._tree.clock
+            lease._resume_snapshot = r.snapshot
+            lease.snapshot_id = r.snapshot.device_id
+        for snap in self._policy.passed_snapshots(chain):
+            snap.last_access = self._tree.clock
+        return lease
