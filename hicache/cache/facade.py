@@ -2,6 +2,7 @@
 
 One scheduler step of an engine, in terms of this API::
 
+    cache.expect(queued_tokens)             # the waiting queue's head: keep its prefix
     m = cache.match(tokens)                 # pure lookup: resume point, tiers, L3 hashes
     lease = cache.load(m)                   # lock the prefix, queue host->device loads
     pages = cache.alloc_pages(lease, k)     # device pages for the tokens to compute
@@ -154,6 +155,15 @@ class HiCache:
         return MatchResult(tokens=toks, page_tokens=P, resume_tokens=r.pages * P,
                            device_tokens=r.device_pages * P, host_tokens=(r.pages - r.device_pages) * P,
                            snapshot_tier=tier, history_tokens=hist * P, l3_hashes=tuple(l3))
+
+    def expect(self, tokens: object) -> int:
+        """The engine will admit a request for ``tokens`` soon (it waits in the queue): its
+        usable prefix counts as used now, so eviction keeps it. Call it for the head of the
+        waiting queue at each step, the next to be admitted last; nothing is locked, loaded
+        or counted as a hit. Returns the tokens it would resume with now."""
+        self._check_open()
+        toks = as_tokens(tokens)
+        return self._opener.expect(toks, self._max_pages(toks))
 
     # -- load ---------------------------------------------------------------------------------
     def load(self, match: MatchResult, *, start: bool = True) -> Lease:

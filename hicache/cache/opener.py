@@ -58,6 +58,25 @@ class LeaseOpener:
                             loaded=bool(loads))
         return lease, r, node, loads
 
+    def expect(self, toks: np.ndarray, max_pages: int) -> int:
+        """A queued request's resume path (and its snapshot, and the snapshots on the way
+        the policy keeps warm) counts as used now (a new tick, as for any access): nothing
+        is locked, split, loaded or counted as a hit. Returns the tokens the request would
+        resume with now."""
+        path = self._tree.walk(toks, max_pages)
+        r = self._tree.resume_point(path)
+        if r.pages == 0:
+            return 0
+        used = path.upto(r.pages)
+        self._tree.touch(used, hit=False)
+        now = self._tree.clock
+        if r.snapshot is not None:
+            r.snapshot.last_access = now
+        for snap in self._policy.passed_snapshots([n for n, _ in used.segments]):
+            snap.last_access = now
+        self.counters.expects += 1
+        return r.pages * self._tree.page_tokens
+
     def _lock_resume_point(self, toks: np.ndarray, max_pages: int) -> tuple[ResumePoint, TreeNode, list[Load]]:
         path = self._tree.walk(toks, max_pages)
         r = self._tree.resume_point(path)

@@ -98,6 +98,7 @@ class LookupCounters:
     l3_hit_tokens: int = 0
     loads: int = 0
     load_fallbacks: int = 0
+    expects: int = 0   # expect() calls that found a resume point
 
     def count(self, match_tokens: int, resume_tokens: int, loaded_tokens: int, l3_tokens: int, *,
               loaded: bool) -> None:

@@ -96,6 +96,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--copy-landing", choices=["step", "wallclock"], default="step",
                    help="step: a step's device<->host copies land by its end, so replays repeat exactly "
                         "(default); wallclock: they land when the copy threads finish (as a live engine)")
+    p.add_argument("--no-expect-queued", dest="expect_queued", action="store_false",
+                   help="do not keep the cached prefixes of the queue's head warm while they wait "
+                        "(HiCache.expect each step; on by default)")
     clock = p.add_argument_group("virtual clock (default: the config's engine: section, else built-in)")
     clock.add_argument("--prefill-tps", type=float, help="prefill tokens per second")
     clock.add_argument("--decode-step-ms", type=float, help="one decode iteration of the batch, ms")
@@ -195,7 +198,7 @@ def engine_config(args: argparse.Namespace, path: Path):
             flags[key] = v * scale
     clock = clock_from_mapping(read_config_file(path).get("engine"), source=str(path), **flags)
     return EngineConfig(max_running=args.max_running, admission=args.admission, verify=args.verify,
-                        copy_landing=args.copy_landing, clock=clock)
+                        copy_landing=args.copy_landing, expect_queued=args.expect_queued, clock=clock)
 
 
 @dataclass

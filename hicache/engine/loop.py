@@ -127,6 +127,9 @@ class CacheExecutor:
     def forget(self, req: EngineRequest) -> None:
         self.forget_id(req.request_id)
 
+    def expect(self, req: EngineRequest) -> None:
+        self.cache.expect(req.prompt)
+
     def drop_prefetches(self) -> list[int]:
         """Cancel every prefetch of a queued request (they pin prefixes); their ids."""
         dropped = list(self._prefetches)

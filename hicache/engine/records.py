@@ -36,8 +36,10 @@ class EngineConfig:
     charges one ``decode_step_s`` per token; strides are cut at events, see the module
     doc). ``verify``: how much of each page is written and checked
     (:data:`hicache.engine.contents.VerifyMode`). ``prefetch_ahead``: queued requests
-    that get an L3 prefetch before admission (default ``max_running``). ``clock``: the
-    cost model of the virtual clock.
+    that get an L3 prefetch before admission (default ``max_running``); with
+    ``expect_queued`` (default) the same head of the queue has its cached prefix kept warm
+    at every step (:meth:`HiCache.expect`), so what waits is not evicted before it is
+    admitted. ``clock``: the cost model of the virtual clock.
 
     ``copy_landing``: when the device <-> host copies a step launched are applied to the
     cache. ``step`` (default): every one lands by the end of its step (the engine waits
@@ -56,6 +58,7 @@ class EngineConfig:
     verify: VerifyMode = "sample"
     admission: str = "reserve"
     prefetch_ahead: int | None = None
+    expect_queued: bool = True
     copy_landing: CopyLanding = "step"
     clock: ClockConfig = field(default_factory=ClockConfig)
 
@@ -161,6 +164,7 @@ class Executor(Protocol):
 
     def prefetch(self, req: EngineRequest, start_s: float) -> float: ...
     def forget(self, req: EngineRequest) -> None: ...
+    def expect(self, req: EngineRequest) -> None: ...
     def drop_prefetches(self) -> list[int]: ...
     def admit(self, job: Job, now: float, first: bool) -> int: ...
     def verify(self, job: Job) -> bool: ...
@@ -190,6 +194,9 @@ class NullExecutor:
         return -INF
 
     def forget(self, req: EngineRequest) -> None:
+        pass
+
+    def expect(self, req: EngineRequest) -> None:
         pass
 
     def drop_prefetches(self) -> list[int]:

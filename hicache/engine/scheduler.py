@@ -6,7 +6,8 @@ would cost on the modelled server (:mod:`hicache.engine.clock`)::
 
     arrive:  requests whose arrival time has come join the queue (a conversation's next
              turn waits for the previous turn's finish); prefetches start for the first
-             ``prefetch_ahead`` queued requests
+             ``prefetch_ahead`` queued requests, whose cached prefixes count as used
+             (``expect_queued``: each step, so they are not evicted while they wait)
     admit:   first come, first served while the device can hold what is running
              (``reserve``) or up to ``max_running`` (``greedy``); a request whose prefetch
              policy makes it wait is passed over until its fetch has landed
@@ -119,8 +120,12 @@ class Scheduler:
             self.busy.add(conv)
             self.ready_s[req.request_id] = req.arrival_s
             self.queue.append(req)
-        for req in (self.retry + self.queue)[:self.cfg.lookahead]:
+        head = (self.retry + self.queue)[:self.cfg.lookahead]
+        for req in head:
             self._prefetch(req)
+        if self.cfg.expect_queued:
+            for req in reversed(head):   # the next to be admitted is the most recent
+                self.ex.expect(req)
         self.prev_now = self.now
 
     def _prefetch(self, req) -> float:

@@ -7,8 +7,10 @@ request's full sequence). Each request, like an engine would:
     -> prefill in page-aligned chunks, publishing mid-flight with a snapshot
     -> decode -> publish at finish with a snapshot -> release
 
-Operations interleave at random across up to ``max_running`` requests, with polls and
-aborts, so device and host pressure, shadow hits, loads, dedup and retention all happen.
+Operations interleave at random across up to ``max_running`` requests, with polls, aborts
+and expects (a queued follow-up keeping its prefix warm: ``HiCache.expect``, drawn from a
+stream of its own), so device and host pressure, shadow hits, loads, dedup and retention
+all happen.
 ``check_integrity()`` runs after every operation.
 """
 
@@ -39,6 +41,7 @@ class StressConfig:
     vocab: int = 50_000
     prefetch: float = 0.5      # chance a new request first prefetches from L3
     fault_rate: float = 0.0    # chance each copied layer fails (injected TransferError)
+    expect: float = 0.2        # chance per op that a finished sequence is expected (queued)
 
 
 @dataclass
@@ -88,6 +91,7 @@ class StressRunner:
         self.prefixes = [self._random_tokens(self.P * int(self.rng.integers(*cfg.prefix_pages, endpoint=True)))
                          for _ in range(cfg.prefixes)]
         self.has_snap = bool(cache.layout.object_bytes("state"))
+        self.erng = np.random.default_rng(cfg.seed + 2)   # its own stream: the ops' draws stay
         if cfg.fault_rate > 0:
             frng = np.random.default_rng(cfg.seed + 1)
 
@@ -171,6 +175,10 @@ class StressRunner:
 
     # -- the loop -----------------------------------------------------------------------
     def step(self) -> None:
+        if self.finished and self.erng.random() < self.cfg.expect:
+            # a queued follow-up keeps its prefix warm (HiCache.expect), as an engine does
+            seq = self.finished[int(self.erng.integers(len(self.finished)))]
+            self.cache.expect(seq[:len(seq) - int(self.erng.integers(len(seq)))])
         r = self.rng.random()
         if not self.running or (len(self.running) < self.cfg.max_running and r < 0.3):
             self._start()

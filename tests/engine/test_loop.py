@@ -206,8 +206,9 @@ def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch)
     def replay(salt):
         cache = make_cache(device_pages=20, host_pages=16, device_snaps=4, host_snaps=4, retention=0,
                            write_policy="write_back", host_tier="exclusive", storage="memory://", salt=salt)
+        # expect_queued off: kept warm, the queue's prefixes would not need L3 at all here
         rep = run(cache, small_chat(n=24, seed=5), max_running=4, chunk_tokens=8, decode_stride=4,
-                  copy_landing=landing)
+                  copy_landing=landing, expect_queued=False)
         assert rep.mismatched_pages == 0
         return [(r.request_id, r.hit_tokens, r.l3_hit_tokens, r.host_hit_tokens, r.finish_s) for r in rep.records]
 
@@ -222,3 +223,37 @@ def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch)
     slow = replay(f"slow-{landing}")
     assert sum(r[2] for r in fast) > 0                 # L3 served hits
     assert slow == fast
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_queue_head_is_expected_at_each_step_the_next_to_admit_last(on):
+    from hicache.engine.records import NullExecutor
+    from hicache.engine.scheduler import Scheduler
+    from hicache.engine.workloads.request import Request
+
+    class Recording(NullExecutor):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.calls, self.admitted = [], []
+
+        def expect(self, req):
+            assert req.request_id not in self.admitted, "a running request was expected"
+            self.calls.append(req.request_id)
+
+        def admit(self, job, now, first):
+            self.admitted.append(job.req.request_id)
+            return super().admit(job, now, first)
+
+    out = np.arange(3, dtype=np.int32) + 900
+    reqs = [Request(i, f"c{i}", 0, 0.0, np.arange(8, dtype=np.int32) + 10 * i, out) for i in range(4)]
+    ex = Recording(4, 1000, 0)
+    Scheduler(ex, EngineConfig(max_running=1, prefetch_ahead=2, expect_queued=on)).run(reqs)
+    assert ex.admitted == [0, 1, 2, 3]
+    if not on:
+        assert ex.calls == []
+        return
+    # first pass: the queue is [0, 1, 2, 3], its head [0, 1], expected back to front
+    assert ex.calls[:2] == [1, 0]
+    # then, while 0 runs, [2, 1] at every step; 3 is expected only once 1 has started
+    assert ex.calls[2:4] == [2, 1]
+    assert ex.calls.index(3) > max(i for i, r in enumerate(ex.calls) if r == 1)
