@@ -152,7 +152,8 @@ class _DepthWeight:
     and handed to the strategy in ticks of the tree's clock.
 
     The exchange rate (ticks per request) is measured, not assumed: a request takes one
-    tick per touch, insert and publish, so it depends on chunking and snapshots. It is
+    tick per touch, insert and publish, and one per ``expect()`` while it waits in an
+    engine's queue, so it depends on chunking, snapshots and queueing. It is
     re-measured when the weight changes and at every power-of-two request count, so a
     fixed weight re-scales O(log requests) times.
     """
