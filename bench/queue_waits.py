@@ -33,12 +33,13 @@ def main() -> None:
     with open(a.trace) as f:
         reqs = [json.loads(line) for line in f if line.strip()]
     with open(a.records) as f:
-        ours = {r["request_id"]: r for r in (json.loads(line) for line in f if line.strip())}
+        ours = {r["request_id"]: r for r in (json.loads(line) for line in f if line.strip())
+                if r.get("queue_s") is not None}   # rejected requests never queued to a start
     lru: OrderedDict = OrderedDict()
     lost, waits_lost, waits_all = 0, [], []
     half = len(reqs) // 2
     for i, r in enumerate(reqs):
-        h, k = r["hash_ids"], 0
+        h, k = r.get("hash_ids") or [], 0
         while k < len(h) and h[k] in lru:
             lru.move_to_end(h[k])
             k += 1
@@ -46,7 +47,7 @@ def main() -> None:
             lru[key] = True
             if len(lru) > a.capacity:
                 lru.popitem(last=False)
-        rec = ours.get(r["request_id"])
+        rec = ours.get(r.get("request_id"))
         if i < half or r.get("turn", 0) == 0 or rec is None:
             continue
         waits_all.append(rec["queue_s"])

@@ -12,6 +12,11 @@ there; the facade then submits the copies and backs up what the policy asks for:
     touch the path; passing snapshots the policy keeps warm are touched too
     count: hit tokens, of which loaded from the host, of which just fetched from L3
 
+``expect`` is the touch alone, for a request still waiting in the engine's queue: the path
+to its resume point (split there, as its load would, when the point is inside a node: a
+layout without state), the snapshot at it and the snapshots the policy keeps warm count as
+used now; nothing is pinned, loaded or counted as a hit.
+
 It owns the lease ids and the lookup counters; the tree, loader, publisher and policy are
 the facade's parts, called through their interfaces.
 """
@@ -60,22 +65,27 @@ class LeaseOpener:
 
     def expect(self, toks: np.ndarray, max_pages: int) -> int:
         """A queued request's resume path (and its snapshot, and the snapshots on the way
-        the policy keeps warm) counts as used now (a new tick, as for any access): nothing
-        is locked, split, loaded or counted as a hit. Returns the tokens the request would
-        resume with now."""
+        the policy keeps warm) counts as used now, at a new tick (module docstring). Returns
+        the tokens the request would resume with now (0: nothing touched, no tick)."""
         path = self._tree.walk(toks, max_pages)
         r = self._tree.resume_point(path)
         if r.pages == 0:
             return 0
-        used = path.upto(r.pages)
-        self._tree.touch(used, hit=False)
-        now = self._tree.clock
-        if r.snapshot is not None:
-            r.snapshot.last_access = now
-        for snap in self._policy.passed_snapshots([n for n, _ in used.segments]):
-            snap.last_access = now
+        self._touch(self._tree.node_at(path, r.pages), r.snapshot, hit=False)
         self.counters.expects += 1
         return r.pages * self._tree.page_tokens
+
+    def _touch(self, node: TreeNode, snap: Snapshot | None, *, hit: bool) -> list[TreeNode]:
+        """Touch the path root..``node``, its resume snapshot and the passed snapshots the
+        policy keeps warm, at one new tick; returns the path (root first)."""
+        chain = list(node.iter_ancestors())[::-1]
+        self._tree.touch(PathMatch(tuple((n, n.num_pages) for n in chain)), hit=hit)
+        now = self._tree.clock
+        if snap is not None:
+            snap.last_access = now
+        for passed in self._policy.passed_snapshots(chain):
+            passed.last_access = now
+        return chain
 
     def _lock_resume_point(self, toks: np.ndarray, max_pages: int) -> tuple[ResumePoint, TreeNode, list[Load]]:
         path = self._tree.walk(toks, max_pages)
@@ -108,13 +118,9 @@ class LeaseOpener:
         lease = Lease(lease_id=next(self._ids), tokens=toks, resume_tokens=r.pages * P, page_table=[],
                       snapshot_id=None, page_tokens=P, published_pages=r.pages, _locked_node=node,
                       _step=self._launcher)
-        chain = list(node.iter_ancestors())[::-1]
-        self._tree.touch(PathMatch(tuple((n, n.num_pages) for n in chain)))
+        chain = self._touch(node, r.snapshot, hit=True)
         lease.page_table = np.concatenate([n.device_ids for n in chain]).tolist() if chain else []
         if r.snapshot is not None:
-            r.snapshot.last_access = self._tree.clock
             lease._resume_snapshot = r.snapshot
             lease.snapshot_id = r.snapshot.device_id
-        for snap in self._policy.passed_snapshots(chain):
-            snap.last_access = self._tree.clock
         return lease

@@ -88,7 +88,8 @@ class PublishResult:
 
 @dataclass
 class LookupCounters:
-    """Counted by the facade at each :meth:`HiCache.load`: what requests were offered."""
+    """Counted by :class:`~hicache.cache.opener.LeaseOpener` at each :meth:`HiCache.load`
+    (what requests were offered) and :meth:`HiCache.expect`."""
 
     matches: int = 0
     match_tokens: int = 0

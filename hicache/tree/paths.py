@@ -40,17 +40,6 @@ class PathMatch:
         node, pages = self.segments[-1]
         return node.hashes[pages - 1]
 
-    def upto(self, pages: int) -> "PathMatch":
-        """The first ``pages`` pages of this path (the last segment cut where they end)."""
-        assert 0 <= pages <= self.num_pages, f"{pages} pages of a {self.num_pages}-page path"
-        out, left = [], pages
-        for node, used in self.segments:
-            if left == 0:
-                break
-            out.append((node, min(used, left)))
-            left -= out[-1][1]
-        return PathMatch(tuple(out))
-
 
 class ResumePoint(NamedTuple):
     """Where a request can resume on a matched path.

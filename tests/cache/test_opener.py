@@ -31,7 +31,7 @@ def test_an_expected_prefix_outlives_a_more_recent_one(eviction, expected, layou
     cache.check_integrity()
 
 
-def test_expect_locks_splits_and_counts_nothing():
+def test_expect_locks_and_counts_nothing_and_splits_no_snapshot_boundary():
     eng = _two_chains("lru")
     cache = eng.cache
     before = cache.counters
@@ -44,4 +44,22 @@ def test_expect_locks_splits_and_counts_nothing():
     assert after.expects == before.expects + 1
     assert (after.matches, after.hit_tokens, after.loads) == (before.matches, before.hit_tokens, before.loads)
     assert all(n.lock_device == 0 for n in cache._tree.nodes())
+    cache.check_integrity()
+
+
+def test_a_resume_point_inside_a_node_keeps_only_the_pages_above_it_warm():
+    """Without state a request may resume inside a node: expect splits it there, as its load
+    would, so the node's lower pages (which the request recomputes) age as before."""
+    eng = Engine(make_cache(mha_layout(), device_pages=8, eviction="lru", storage="none://"))
+    cache = eng.cache
+    a, b, queued = toks(1, 2, 3, 4, extra=1), toks(5, 6, 7, extra=1), toks(1, 9, extra=1)
+    eng.run(a)
+    eng.run(b)
+    nodes = cache.num_nodes
+    assert cache.expect(queued) == 4
+    assert cache.num_nodes == nodes + 1                # a's node split after its first page
+    eng.run(toks(10, 11, 12, extra=1))                  # 1 page free, 3 needed: 2 victims
+    assert cache.match(b).device_tokens == 12           # the more recent whole chain stays
+    assert cache.match(queued).device_tokens == 4       # the expected page too
+    assert cache.match(a).device_tokens == 8            # a's lower pages went first
     cache.check_integrity()

@@ -192,27 +192,29 @@ def test_copies_launched_between_steps_are_charged_to_the_next_step():
     assert loaded == pytest.approx(plain + 10**9 / (cfg.clock.h2d_gbps * 1e9))
 
 
-def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch):
+@pytest.mark.parametrize("device_pages, expect_queued", [(20, False), (40, True)])
+def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch, device_pages, expect_queued):
     """Device <-> host copies and L3 puts land by each step's end under ``step``, so what a
     later L3 lookup finds does not depend on the put threads: a replay whose puts take
     20 ms each gives the records of one whose puts are instant. (Without the put settle it
     does not; under ``wallclock`` it usually does not, but that depends on thread timing, so
-    it is not asserted.)"""
+    it is not asserted.) With the queue's head kept warm (the default) a 20-page device serves
+    nothing from L3 here, so that case runs on 40 pages."""
     landing = "step"
     import time
 
     from hicache.storage.memory import MemoryBackend
 
     def replay(salt):
-        cache = make_cache(device_pages=20, host_pages=16, device_snaps=4, host_snaps=4, retention=0,
-                           write_policy="write_back", host_tier="exclusive", storage="memory://", salt=salt)
-        # expect_queued off: kept warm, the queue's prefixes would not need L3 at all here
+        cache = make_cache(device_pages=device_pages, host_pages=16, device_snaps=4, host_snaps=4,
+                           retention=0, write_policy="write_back", host_tier="exclusive", storage="memory://",
+                           salt=salt)
         rep = run(cache, small_chat(n=24, seed=5), max_running=4, chunk_tokens=8, decode_stride=4,
-                  copy_landing=landing, expect_queued=False)
+                  copy_landing=landing, expect_queued=expect_queued)
         assert rep.mismatched_pages == 0
         return [(r.request_id, r.hit_tokens, r.l3_hit_tokens, r.host_hit_tokens, r.finish_s) for r in rep.records]
 
-    fast = replay(f"fast-{landing}")   # memory:// is one store per process: a namespace each
+    fast = replay(f"fast-{landing}-{device_pages}")   # memory:// is process-wide: a namespace each
     put = MemoryBackend.put
 
     def slow_put(self, keys, values):
@@ -220,7 +222,7 @@ def test_step_copy_landing_makes_slow_l3_puts_invisible_to_a_replay(monkeypatch)
         return put(self, keys, values)
 
     monkeypatch.setattr(MemoryBackend, "put", slow_put)
-    slow = replay(f"slow-{landing}")
+    slow = replay(f"slow-{landing}-{device_pages}")
     assert sum(r[2] for r in fast) > 0                 # L3 served hits
     assert slow == fast
 
