@@ -21,6 +21,25 @@ from collections import OrderedDict
 import numpy as np
 
 
+def _rows(path: str) -> list[dict]:
+    """The JSON objects of a JSON-lines file; a one-line error on anything else."""
+    try:
+        with open(path) as f:
+            lines = [(n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except OSError as exc:
+        raise SystemExit(f"queue_waits: cannot read {path}: {exc.strerror}") from None
+    rows = []
+    for n, line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise SystemExit(f"queue_waits: {path} line {n} is not JSON") from None
+        if not isinstance(row, dict):
+            raise SystemExit(f"queue_waits: {path} line {n} is not a JSON object")
+        rows.append(row)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace")
@@ -30,11 +49,9 @@ def main() -> None:
     a = ap.parse_args()
     if a.capacity < 1:
         raise SystemExit(f"queue_waits: capacity={a.capacity} must be >= 1")
-    with open(a.trace) as f:
-        reqs = [json.loads(line) for line in f if line.strip()]
-    with open(a.records) as f:
-        ours = {r["request_id"]: r for r in (json.loads(line) for line in f if line.strip())
-                if r.get("queue_s") is not None}   # rejected requests never queued to a start
+    reqs = _rows(a.trace)
+    ours = {r.get("request_id"): r for r in _rows(a.records)
+            if r.get("queue_s") is not None}   # rejected requests never queued to a start
     lru: OrderedDict = OrderedDict()
     lost, waits_lost, waits_all = 0, [], []
     half = len(reqs) // 2
