@@ -25,7 +25,10 @@ from hicache.units import parse_bytes
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_TIERS = ("inclusive", "exclusive")
-EVICTION_POLICIES = ("lru", "lfu", "value")
+EVICTION_POLICIES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "adaptive")
+# What ``adaptive`` may follow (each also an ``eviction`` of its own; docs/policy.md).
+ADAPTIVE_CANDIDATES = ("lru", "lfu", "value", "reuse", "reuse-prompt")
+DEFAULT_CANDIDATES = ("lru", "value", "reuse", "reuse-prompt")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
 
@@ -37,30 +40,37 @@ class TreeConfig:
     the latest prompt boundary and the finish boundary of each request; N > 0 also keeps
     every N-th token boundary (N a multiple of ``page_tokens``).
 
-    ``depth_weights`` (``value`` eviction, layouts with state): the candidate weights of a
-    chain's depth against its recency, in requests per e-fold of depth. With more than one,
-    the cache replays every request in one ghost cache per weight and ranks by the weight
-    whose ghost hit most over the last ``depth_window`` requests (:mod:`hicache.tree.ghost`);
-    ``[0]`` is plain recency, with no ghosts.
+    ``eviction``: ``lru``, ``lfu``, ``value`` (intermediate snapshots first, branch points
+    last), ``reuse`` / ``reuse-prompt`` (snapshots ranked by what requests were seen to
+    resume from), or ``adaptive``: the cache follows whichever of ``adaptive_candidates``
+    hit most in its ghost over the last ``adaptive_window`` lookups, switching only for a
+    lead of more than ``adaptive_margin`` of the pages looked up in the window
+    (:mod:`hicache.tree.selector`, docs/policy.md).
     """
 
     eviction: str = "lru"
     retention_interval: int | None = None
-    depth_weights: tuple[float, ...] = (0.0,)
-    depth_window: int = 300
+    adaptive_candidates: tuple[str, ...] = DEFAULT_CANDIDATES
+    adaptive_window: int = 300
+    adaptive_margin: float = 0.01
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
             raise ConfigError("eviction", self.eviction, f"must be one of {list(EVICTION_POLICIES)}")
         r = self.retention_interval
         check_int("retention_interval", r, optional=True, reason="must be null, 0 or a positive token count")
-        w = self.depth_weights
-        if (not isinstance(w, (list, tuple)) or not w
-                or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < float("inf") for x in w)):
-            raise ConfigError("depth_weights", list(w) if isinstance(w, (list, tuple)) else w,
-                              "must be a list of numbers >= 0 (requests per e-fold of depth; [0]: plain recency)")
-        object.__setattr__(self, "depth_weights", tuple(float(x) for x in w))
-        check_int("depth_window", self.depth_window, minimum=1, reason="must be a positive number of requests")
+        c = self.adaptive_candidates
+        if (not isinstance(c, (list, tuple)) or not c or any(x not in ADAPTIVE_CANDIDATES for x in c)
+                or len(set(c)) != len(c)):
+            raise ConfigError("adaptive_candidates", list(c) if isinstance(c, (list, tuple)) else c,
+                              f"must be a list of distinct names from {list(ADAPTIVE_CANDIDATES)}")
+        object.__setattr__(self, "adaptive_candidates", tuple(c))
+        check_int("adaptive_window", self.adaptive_window, minimum=1, reason="must be a positive number of lookups")
+        m = check_number("adaptive_margin", self.adaptive_margin, positive=False, minimum=0.0,
+                         reason="must be a fraction of the window's looked-up pages, 0 to 1")
+        if m > 1:
+            raise ConfigError("adaptive_margin", self.adaptive_margin,
+                              "must be a fraction of the window's looked-up pages, 0 to 1")
 
 
 @dataclass(frozen=True)
@@ -153,8 +163,9 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "host_snapshots": ("pools", "host_snapshots", None),
     "eviction": ("tree", "eviction", None),
     "retention_interval": ("tree", "retention_interval", None),
-    "depth_weights": ("tree", "depth_weights", None),
-    "depth_window": ("tree", "depth_window", None),
+    "adaptive_candidates": ("tree", "adaptive_candidates", None),
+    "adaptive_window": ("tree", "adaptive_window", None),
+    "adaptive_margin": ("tree", "adaptive_margin", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
     "host_tier": ("write", "host_tier", None),
@@ -164,6 +175,10 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "prefetch_timeout_s": ("storage", "prefetch_timeout_s", None),
     "prefetch_threshold_tokens": ("storage", "prefetch_threshold_tokens", None),
 }
+# Keys of earlier revisions, with what replaced them.
+_REPLACED = {k: "no longer a setting: the depth weight's ghost tuner was replaced by eviction: adaptive, which "
+                "chooses between whole policies online (adaptive_candidates, adaptive_window; docs/policy.md)"
+             for k in ("depth_weights", "depth_window")}
 _LAYERS = {"pools": PoolConfig, "tree": TreeConfig, "write": WriteConfig, "storage": StorageConfig}
 
 
@@ -181,6 +196,8 @@ def cache_config_from_mapping(section: Mapping | None, *, model: str = "",
     section.update({k: v for k, v in overrides.items() if v is not None})
     per_layer: dict[str, dict[str, Any]] = {name: {} for name in _LAYERS}
     for key, value in section.items():
+        if key in _REPLACED:
+            raise ConfigError(f"cache.{key}", value, _REPLACED[key], source=source)
         if key not in _FIELDS:  # a mistyped storage_url may hold a password: mask it
             raise ConfigError(f"cache.{key}", mask_url(value) if isinstance(value, str) else value,
                               f"unknown field; expected one of {sorted(_FIELDS)}", source=source)

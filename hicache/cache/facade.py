@@ -163,6 +163,7 @@ class HiCache:
         or counted as a hit. Returns the tokens it would resume with now."""
         self._check_open()
         toks = as_tokens(tokens)
+        self._policy.observe_expect(toks, self._max_pages(toks))
         return self._opener.expect(toks, self._max_pages(toks))
 
     # -- load ---------------------------------------------------------------------------------
@@ -184,8 +185,8 @@ class HiCache:
             raise MisuseError(f"load() takes the MatchResult of match(), got {type(match).__name__}")
         toks = match.tokens
         lease, r, node, loads = self._opener.open(toks, self._max_pages(toks))
-        if self._policy.observe_request(toks, self._max_pages(toks), self._tree.clock):
-            self._tree.reorder(self._policy.strategy)
+        if self._policy.observe_lookup(lease.lease_id, toks, self._max_pages(toks)):
+            self._tree.reorder()   # the policy follows another order: rebuilt once, on first use
         self._loader.submit(loads)
         chain = list(node.iter_ancestors())[::-1]
         deps = [n.load_ticket for n in chain if n.load_ticket is not None]
@@ -259,9 +260,11 @@ class HiCache:
         for node in done.new_nodes:  # exclusive tier: a recomputed shadow leaves the host
             self._residency.release_host_copy(node)
         outcome = None
+        offered = None
         if sid is not None:
             lease._unpublished_snapshots.discard(sid)
             if done.complete and num_pages > 0 and done.last.parent is not None:
+                offered = why.value
                 offer = self._publisher.offer_snapshot(lease, done.last, sid, num_pages * self.page_tokens, why)
                 outcome = offer.outcome
                 if offer.free_row is not None:
@@ -276,12 +279,14 @@ class HiCache:
         if past:
             self._router.drop(self._publisher.past_resume(lease))
         self._router.route_removed()
+        self._policy.observe_publish(lease.lease_id, toks, num_pages, offered)
         return PublishResult(published_pages=lease.published_pages,
                              duplicates_freed=int(done.duplicates.size), snapshot=outcome)
 
     def release(self, lease: Lease) -> None:
         """End a request: unlock its pages and snapshots, free what it never published."""
         self._lease(lease)
+        self._policy.observe_release(lease.lease_id)
         out = self._publisher.release(lease)
         self._router.drop(out.drop)
         self._residency.free(DEVICE, PAGE, out.pages)

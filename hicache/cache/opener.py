@@ -83,6 +83,12 @@ class LeaseOpener:
         now = self._tree.clock
         if snap is not None:
             snap.last_access = now
+            if hit:
+                snap.resumed += 1
+        if hit:
+            for n in chain[:-1]:
+                if n.snapshot is not None:
+                    n.snapshot.passed += 1
         for passed in self._policy.passed_snapshots(chain):
             passed.last_access = now
         return chain

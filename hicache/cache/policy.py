@@ -28,17 +28,21 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from hicache.config import HiCacheConfig, TreeConfig
-from hicache.tree import (DepthTuner, EvictionStrategy, RetentionPolicy, Snapshot, TreeNode, Value, get_strategy,
-                          page_keys)
+from hicache.tree import (EvictionStrategy, PolicySelector, Ranked, RetentionPolicy, Snapshot, TreeNode,
+                          get_strategy, page_keys)
 
 
 class PlacementPolicy(Protocol):
     """What a cache asks before it copies, keeps or evicts anything."""
 
-    strategy: EvictionStrategy     # victim order in every tier (pages and snapshots)
     retention: RetentionPolicy     # which offered snapshots are kept
     exclusive_host: bool           # a page loaded back to the device leaves the host
     write_back: bool               # a device victim without a host copy is backed up first
+
+    @property
+    def strategy(self) -> EvictionStrategy:
+        """The victim order in every tier (pages and snapshots), as of now."""
+        ...
 
     def backup_on_publish(self, new_nodes: Sequence[TreeNode]) -> list[TreeNode]:
         """Which nodes a publish just added (or gave device pages) to back up now."""
@@ -65,34 +69,69 @@ class PlacementPolicy(Protocol):
         """write_back: back up this device snapshot victim (else drop it)?"""
         ...
 
-    def observe_request(self, tokens: np.ndarray, pages: int, clock: int) -> bool:
-        """A request was admitted for the first ``pages`` whole pages of ``tokens``, at
-        tree clock ``clock``; True when the strategy's priorities changed (the caller
-        reorders)."""
+    def observe_lookup(self, request: int, tokens: np.ndarray, pages: int) -> bool:
+        """A lease (``request``) opened for the first ``pages`` whole pages of ``tokens``;
+        True when the victim order changed (the caller rebuilds it)."""
         ...
 
-    def tuning(self) -> dict[str, float]:
+    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, kind: str | None) -> None:
+        """The lease published its first ``pages`` pages of ``tokens`` and, when ``kind`` is
+        set, offered a snapshot at their end for that reason (a ``Boundary`` value)."""
+        ...
+
+    def observe_expect(self, tokens: np.ndarray, pages: int) -> None:
+        """A queued request's resume path was kept warm (:meth:`HiCache.expect`)."""
+        ...
+
+    def observe_release(self, request: int) -> None:
+        """The lease ended."""
+        ...
+
+    def tuning(self) -> dict[str, float | str]:
         """What the policy learned online (for stats)."""
         ...
 
 
+def _first_class(strategy: EvictionStrategy, node: TreeNode, snap: Snapshot) -> bool:
+    """Does ``strategy`` give up this snapshot before any page run (not worth a host copy)?"""
+    return isinstance(strategy, Ranked) and strategy.first_class(node, snap)
+
+
 class ConfiguredPolicy:
-    """The policy the config names: write policy, host tier, eviction, retention."""
+    """The policy the config names: write policy, host tier, eviction, retention.
+
+    ``eviction: adaptive`` follows one of ``adaptive_candidates`` at a time, chosen online by
+    a :class:`~hicache.tree.PolicySelector` whose ghosts the ``observe_*`` calls feed; the
+    fixed orders (``lru``, ``lfu``, ``value``, or one candidate by name) run no ghosts.
+    """
 
     def __init__(self, config: HiCacheConfig, page_tokens: int, *, needs_snapshots: bool = True,
                  ghost_units: tuple[float, float] | None = None):
         write = config.write
-        self.strategy: EvictionStrategy = get_strategy(config.tree.eviction)
-        self.retention = RetentionPolicy(config.tree.retention_interval, page_tokens)
+        tree = config.tree
+        self.retention = RetentionPolicy(tree.retention_interval, page_tokens)
         self.exclusive_host = write.host_tier == "exclusive"
         self.write_back = write.write_policy == "write_back"
         self._through = write.write_policy == "write_through"
         self._selective = write.write_policy == "write_through_selective"
         self._threshold = write.write_through_threshold
-        self._by_value = isinstance(self.strategy, Value)
         self._needs_snapshots = needs_snapshots   # hybrid layouts: a resume point needs a snapshot
-        self._depth = _DepthWeight(config.tree, ghost_units, page_tokens) \
-            if self._by_value and needs_snapshots and ghost_units is not None else None
+        self._page_tokens = page_tokens
+        self._selector: PolicySelector | None = None
+        if tree.eviction == "adaptive":
+            units = ghost_units if ghost_units is not None else (0.0, 0.0)
+            self._selector = PolicySelector([get_strategy(c) for c in tree.adaptive_candidates], units[0], units[1],
+                                            stateless=not needs_snapshots, window=tree.adaptive_window,
+                                            margin=tree.adaptive_margin)
+            self._fixed: EvictionStrategy = self._selector.strategy
+        else:
+            self._fixed = get_strategy(tree.eviction)
+        self._keys = _PageKeys(page_tokens)
+
+    @property
+    def strategy(self) -> EvictionStrategy:
+        """The victim order followed now (adaptive: the selector's choice)."""
+        return self._selector.strategy if self._selector is not None else self._fixed
 
     def backup_on_publish(self, new_nodes: Sequence[TreeNode]) -> list[TreeNode]:
         return list(new_nodes) if self._through else []
@@ -108,73 +147,78 @@ class ConfiguredPolicy:
 
     def worth_demoting(self, node: TreeNode) -> bool:
         # A dead tail (no child, no snapshot at its end) can never be resumed: on the host
-        # it would only take the place of pages that can.
-        if not (self._by_value and self._needs_snapshots):
+        # it would only take the place of pages that can. lru and lfu keep their old rule
+        # (every victim goes down), so they stay what they were for comparison.
+        if not self._needs_snapshots or self._plain():
             return True
         snap = node.snapshot
         return bool(node.children) or (snap is not None and not snap.empty)
+
+    def _plain(self) -> bool:
+        """A fixed lru / lfu order: every write_back victim is demoted, as before."""
+        return self._selector is None and not isinstance(self._fixed, Ranked)
 
     def passed_snapshots(self, chain: Sequence[TreeNode]) -> list[Snapshot]:
         # A branch point's snapshot (a node where requests diverged, even if its other
         # branches have gone since: TreeNode.forked) is what every sibling of the request's
         # path, and every new one, resumes from, but a request that resumes deeper never
-        # touches it: by access time alone it aged while its prefix was in constant use,
-        # and went before the leaves below it (agentic traces: +0.2 to +1.0 points at the
-        # two tightest budgets). Under lru / lfu access means resuming there, as before.
-        if not self._by_value:
+        # touches it: by access time alone it aged while its prefix was in constant use.
+        # Orders that rank branch points last count a passing request as a use.
+        if not getattr(self.strategy, "refresh_forks", False):
             return []
         return [n.snapshot for n in chain[:-1] if n.snapshot is not None and n.forked]
 
     def worth_demoting_snapshot(self, node: TreeNode, snap: Snapshot) -> bool:
-        # An intermediate snapshot (a deeper one on its only path) is what the value order
-        # gives up first on the device; it would be the host's first victim too.
-        return not (self._by_value and Value.intermediate(node))
+        # What the order gives up first on the device would be the host's first victim too.
+        return not _first_class(self.strategy, node, snap)
 
-    def observe_request(self, tokens: np.ndarray, pages: int, clock: int) -> bool:
-        if self._depth is None:
+    # -- the ghosts' events ------------------------------------------------------------------
+    def observe_lookup(self, request: int, tokens: np.ndarray, pages: int) -> bool:
+        if self._selector is None:
             return False
-        ticks = self._depth.observe(tokens, pages, clock)
-        if ticks is None:
-            return False
-        assert isinstance(self.strategy, Value)
-        self.strategy.depth_weight = ticks
-        return True
+        return self._selector.lookup(request, self._keys.of(tokens, pages))
 
-    def tuning(self) -> dict[str, float]:
-        if self._depth is None:
+    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, kind: str | None) -> None:
+        if self._selector is not None:
+            self._selector.publish(request, self._keys.of(tokens, pages), kind)
+
+    def observe_expect(self, tokens: np.ndarray, pages: int) -> None:
+        if self._selector is not None:
+            self._selector.expect(self._keys.of(tokens, pages))
+
+    def observe_release(self, request: int) -> None:
+        if self._selector is not None:
+            self._selector.release(request)
+
+    def tuning(self) -> dict[str, float | str]:
+        if self._selector is None:
             return {}
-        return {"depth_weight": self._depth.weight, "depth_weight_switches": self._depth.switches}
+        st = self._selector.stats()
+        out: dict[str, float | str] = {"policy_followed": st.followed, "policy_switches": st.switches,
+                                       "policy_regret_pages": st.regret_pages,
+                                       "policy_looked_up_pages": st.looked_up_pages}
+        for name, hits in st.ghost_hit_pages.items():
+            out[f"ghost_hit_pages:{name}"] = hits
+        return out
 
 
-class _DepthWeight:
-    """The value order's depth weight: chosen among ``depth_weights`` by ghost caches
-    (:class:`hicache.tree.ghost.DepthTuner`; one weight: fixed, no ghosts), in requests,
-    and handed to the strategy in ticks of the tree's clock.
+class _PageKeys:
+    """Ghost keys of a token array's whole pages, computed once per array and extended as it
+    is published further (a lease publishes the same prompt + output array several times;
+    the engine expects the same queued prompt every step). Keeps the last arrays seen."""
 
-    The exchange rate (ticks per request) is measured, not assumed: a request takes one
-    tick per touch, insert and publish, and one per ``expect()`` while it waits in an
-    engine's queue, so it depends on chunking, snapshots and queueing. It is
-    re-measured when the weight changes and at every power-of-two request count, so a
-    fixed weight re-scales O(log requests) times.
-    """
+    _KEEP = 256
 
-    def __init__(self, tree: TreeConfig, ghost_units: tuple[float, float], page_tokens: int):
-        weights = tree.depth_weights
-        self._page_tokens = page_tokens
-        self._tuner = DepthTuner(*ghost_units, weights, tree.depth_window) if len(weights) > 1 else None
-        self.weight = min(weights)
-        self.switches = 0
-        self._requests = 0
+    def __init__(self, page_tokens: int):
+        self._P = page_tokens
+        self._seen: dict[int, tuple[np.ndarray, list[int]]] = {}
 
-    def observe(self, tokens: np.ndarray, pages: int, clock: int) -> float | None:
-        """Count a request; the new weight in ticks when the strategy must change."""
-        self._requests += 1
-        n = self._requests
-        changed = self._tuner is not None and self._tuner.observe(page_keys(tokens, self._page_tokens, pages))
-        if changed:
-            assert self._tuner is not None
-            self.weight = self._tuner.weight
-            self.switches += 1
-        if not self.weight or not (changed or n & (n - 1) == 0):
-            return 0.0 if changed else None
-        return self.weight * clock / n
+    def of(self, tokens: np.ndarray, pages: int) -> list[int]:
+        hit = self._seen.get(id(tokens))
+        if hit is not None and hit[0] is tokens and len(hit[1]) >= pages:
+            return hit[1][:pages]
+        keys = page_keys(tokens, self._P, max(pages, len(tokens) // self._P))
+        if len(self._seen) >= self._KEEP:
+            self._seen.pop(next(iter(self._seen)))
+        self._seen[id(tokens)] = (tokens, keys)
+        return keys[:pages]

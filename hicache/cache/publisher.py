@@ -118,7 +118,7 @@ class Publisher:
                 del self._orphans[snap]
                 snap.provisional_owner = lease.lease_id
         else:
-            snap = node.snapshot = Snapshot(device_id=sid)
+            snap = node.snapshot = Snapshot(device_id=sid, kind=why.value)
             if decision is Decision.PROVISIONAL:
                 snap.provisional_owner = lease.lease_id
                 offer.outcome = SnapshotOutcome.PROVISIONAL

@@ -105,6 +105,11 @@ def parse_positive_list(text: str, flag: str, cast: Callable[[str], N], example:
     return values
 
 
-def parse_depth_weights(flag: str, text: str) -> tuple[float, ...]:
-    """``--depth-weights``: candidate depth weights, finite numbers >= 0."""
-    return tuple(parse_positive_list(text, flag, float, "0,10,30,60", zero_ok=True))
+def parse_candidates(flag: str, text: str) -> tuple[str, ...]:
+    """``--candidates``: the orders ``eviction: adaptive`` chooses among, comma-separated."""
+    from hicache.config import ADAPTIVE_CANDIDATES
+
+    names = tuple(x.strip() for x in str(text).split(","))
+    if not names or any(n not in ADAPTIVE_CANDIDATES for n in names) or len(set(names)) != len(names):
+        raise ConfigError(flag, text, f"must list distinct names from {','.join(ADAPTIVE_CANDIDATES)}")
+    return names

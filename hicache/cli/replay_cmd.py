@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from hicache.cli.common import (at_least, check_output, parse_depth_weights, parse_retention, positive_number,
+from hicache.cli.common import (at_least, check_output, parse_candidates, parse_retention, positive_number,
                                 resolve_config)
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
@@ -69,10 +69,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-snapshots", type=int, help="device state snapshots")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
-    p.add_argument("--depth-weights", metavar="W,W,...",
-                   help="value eviction: candidate weights of a chain's depth against its recency, in requests "
-                        "per e-fold of depth; ghost caches pick one online ('0': plain recency; default: the "
-                        "config's)")
+    p.add_argument("--candidates", metavar="P,P,...",
+                   help="eviction adaptive: the orders it chooses among online, by the hits of a ghost cache "
+                        "each (default: the config's; docs/policy.md)")
+    p.add_argument("--adaptive-window", type=int, metavar="N",
+                   help="eviction adaptive: lookups over which the ghosts are compared (default: the config's)")
     p.add_argument("--prefetch-policy", choices=["best_effort", "wait_complete", "timeout"],
                    help="how long admission waits for an L3 prefetch (default: the config's)")
     p.add_argument("--write-policy", choices=["write_through", "write_through_selective", "write_back"],
@@ -149,8 +150,10 @@ def cache_overrides(args: argparse.Namespace) -> dict:
             out[flag] = getattr(args, flag)
     if args.retention is not None:
         out["retention_interval"] = parse_retention("--retention", args.retention)
-    if args.depth_weights is not None:
-        out["depth_weights"] = parse_depth_weights("--depth-weights", args.depth_weights)
+    if args.candidates is not None:
+        out["adaptive_candidates"] = parse_candidates("--candidates", args.candidates)
+    if args.adaptive_window is not None:
+        out["adaptive_window"] = at_least("--adaptive-window", args.adaptive_window, 1)
     return out
 
 

@@ -106,9 +106,13 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "device_pages": cache.pools.plan.device_pages,
         "host_pages": cache.pools.plan.host_pages,
         "retention_interval": cache.config.tree.retention_interval,
-        "depth_weights": list(cache.config.tree.depth_weights),
-        "depth_weight": s.get("depth_weight", 0.0),           # the ghosts' choice at the end
-        "depth_weight_switches": s.get("depth_weight_switches", 0),
+        "eviction": cache.config.tree.eviction,
+        "adaptive_candidates": list(cache.config.tree.adaptive_candidates),
+        "policy_followed": s.get("policy_followed", cache.config.tree.eviction),   # adaptive: its choice at the end
+        "policy_switches": s.get("policy_switches", 0),
+        "policy_regret_pages": s.get("policy_regret_pages", 0),
+        "policy_looked_up_pages": s.get("policy_looked_up_pages", 0),
+        "ghost_hit_pages": {k.split(":", 1)[1]: v for k, v in s.items() if k.startswith("ghost_hit_pages:")},
         "storage_url": mask_url(cache.config.storage.url),
         "write_policy": cache.config.write.write_policy,
         "prefetch_policy": cache.config.storage.prefetch_policy,

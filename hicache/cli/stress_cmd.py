@@ -3,7 +3,7 @@
     hicache stress --config PATH [--ops N] [--seed S | --seeds A-B] [--max-running N]
                    [--device-pages N] [--host-pages N] [--device-snapshots N] [--host-snapshots N]
                    [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu|value]
-                   [--retention N|none] [--depth-weights W,W] [--max-queued-ops N] [--prefetch F] [--fault-rate F] [--json]
+                   [--retention N|none] [--candidates P,P] [--adaptive-window N] [--max-queued-ops N] [--prefetch F] [--fault-rate F] [--json]
 
 Every knob a random sweep varies is a flag, so a failing configuration found by a sweep is
 one command line away. ``--seeds A-B`` runs each seed on a fresh cache and prints one
@@ -19,7 +19,7 @@ import dataclasses
 import time
 import traceback
 
-from hicache.cli.common import at_least, parse_depth_weights, parse_retention, print_json, resolve_config
+from hicache.cli.common import at_least, parse_candidates, parse_retention, print_json, resolve_config
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
 from hicache.config import EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, load_config
@@ -53,9 +53,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="override the config's host tier (exclusive needs --write-policy write_back)")
     p.add_argument("--eviction", choices=EVICTION_POLICIES, help="override the config's eviction order")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (default: the config's)")
-    p.add_argument("--depth-weights", metavar="W,W,...",
-                   help="value eviction: candidate depth weights the ghost caches choose among (default: the "
-                        "config's)")
+    p.add_argument("--candidates", metavar="P,P,...",
+                   help="eviction adaptive: the orders it chooses among (default: the config's)")
+    p.add_argument("--adaptive-window", type=int, default=16, metavar="N",
+                   help="eviction adaptive: lookups the ghosts are compared over (default 16, small so the "
+                        "stress loop switches orders often)")
     p.add_argument("--max-queued-ops", type=int,
                    help="copies the transfer queue holds before a submission is refused (default 4096)")
     p.add_argument("--prefetch", type=float, default=0.5,
@@ -94,8 +96,9 @@ def check_args(args: argparse.Namespace) -> range:
             raise ConfigError(flag, v, "must be between 0 and 1")
     if args.retention is not None:
         parse_retention("--retention", args.retention)
-    if args.depth_weights is not None:
-        parse_depth_weights("--depth-weights", args.depth_weights)
+    if args.candidates is not None:
+        parse_candidates("--candidates", args.candidates)
+    at_least("--adaptive-window", args.adaptive_window, 1)
     return parse_seeds(args.seeds) if args.seeds is not None else range(args.seed, args.seed + 1)
 
 
@@ -132,8 +135,10 @@ def build_cache(args: argparse.Namespace):
     tree = cfg.tree
     if args.eviction:
         tree = dataclasses.replace(tree, eviction=args.eviction)
-    if args.depth_weights is not None:
-        tree = dataclasses.replace(tree, depth_weights=parse_depth_weights("--depth-weights", args.depth_weights))
+    if args.candidates is not None:
+        tree = dataclasses.replace(tree, adaptive_candidates=parse_candidates("--candidates", args.candidates))
+    # margin 0: any lead switches, so the loop exercises the reorder under every operation
+    tree = dataclasses.replace(tree, adaptive_window=args.adaptive_window, adaptive_margin=0.0)
     if args.retention is not None:
         tree = dataclasses.replace(tree, retention_interval=parse_retention("--retention", args.retention))
     # The stress loop is synchronous: wait for each prefetch so L3 paths run every time.
@@ -194,7 +199,7 @@ def run_seed(args: argparse.Namespace, seed: int, progress) -> dict:
         "copy_failures": stat("load_failures") + stat("backup_failures"),
         "snapshots_offered": stat("snapshots_offered"), "snapshots_kept": stat("snapshots_kept"),
         "snapshots_evicted": stat("snapshots_evicted_device") + stat("snapshots_evicted_host"),
-        "depth_weight_switches": stat("depth_weight_switches"),
+        "policy_switches": stat("policy_switches"),
         "first_error": crash or rep.first_error,
     }
 
@@ -208,7 +213,7 @@ def summarize(seeds: range, results: list[dict], wall_s: float) -> dict:
     failing = [r for r in results if _failed(r)]
     total = {k: sum(r[k] for r in results) for k in
              ("ops", "requests", "integrity_errors", "crashes", "mismatched_pages", "verified_pages", "verified_snapshots",
-              "injected_faults", "failed_loads", "copy_failures", "loaded_pages", "depth_weight_switches")}
+              "injected_faults", "failed_loads", "copy_failures", "loaded_pages", "policy_switches")}
     return {
         "seeds": f"{seeds.start}-{seeds.stop - 1}", "seeds_run": len(results), **total,
         "failed_seeds": len(failing), "failing_seeds": [r["seed"] for r in failing][:50],

@@ -4,14 +4,15 @@ Interface: :class:`RadixTree` (walk / resume points / insert / split / locks / s
 removal / eviction order / evictable totals), :class:`TreeNode`, :class:`Snapshot`, the chained page hash
 (:func:`page_hash`, :func:`chain_hashes`), eviction (:func:`device_victims`,
 :func:`host_victims`, :func:`snapshot_victims`, :func:`get_strategy`, the
-:class:`EvictionStrategy` protocol) and retention (:class:`RetentionPolicy`), ghost caches (:class:`DepthTuner`). Pure
+:class:`EvictionStrategy` protocol) and retention (:class:`RetentionPolicy`), ghost caches and the online choice between whole policies (:class:`GhostCache`, :class:`PolicySelector`). Pure
 bookkeeping over ids: it never frees or copies bytes. Imports only :mod:`hicache.layout`
 (and errors).
 """
 
-from hicache.tree.eviction import (LFU, LRU, STRATEGIES, Value, AccessStrategy, EvictionStrategy, device_victims,
-                                   get_strategy, host_victims, snapshot_victims)
-from hicache.tree.ghost import DepthTuner, GhostCache, page_keys
+from hicache.tree.eviction import (CANDIDATES, LFU, LRU, STRATEGIES, AccessStrategy, EvictionStrategy, Ranked, Value,
+                                   device_victims, get_strategy, host_victims, snapshot_victims)
+from hicache.tree.ghost import GhostCache, page_keys
+from hicache.tree.selector import PolicySelector, SelectorStats
 from hicache.tree.insert import InsertResult
 from hicache.tree.node import (HASH_BYTES, ROOT_HASH, LoadTicket, Snapshot, TreeNode, chain_hashes, page_hash,
                                token_bytes)
@@ -21,9 +22,9 @@ from hicache.tree.radix import RadixTree, Removed
 from hicache.tree.retention import Boundary, Decision, RetentionPolicy, chunk_end
 
 __all__ = [
-    "LFU", "LRU", "STRATEGIES", "Value", "AccessStrategy", "EvictionStrategy", "device_victims", "get_strategy",
+    "CANDIDATES", "LFU", "LRU", "STRATEGIES", "Ranked", "Value", "PolicySelector", "SelectorStats", "AccessStrategy", "EvictionStrategy", "device_victims", "get_strategy",
     "host_victims", "snapshot_victims", "HASH_BYTES", "ROOT_HASH", "LoadTicket", "Snapshot", "TreeNode",
     "chain_hashes", "page_hash", "token_bytes", "InsertResult", "EvictionOrder", "PathMatch", "RadixTree",
-    "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy", "chunk_end", "DepthTuner", "GhostCache",
+    "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy", "chunk_end", "GhostCache",
     "page_keys",
 ]

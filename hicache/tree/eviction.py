@@ -33,12 +33,41 @@ one scale, a caller wanting one budget across both merges ``device_victims`` and
 
 from __future__ import annotations
 
-import math
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator, Protocol, Sized
 
 from hicache.errors import ConfigError
 from hicache.tree.node import Snapshot, TreeNode
 from hicache.tree.radix import RadixTree
+
+
+class RankedSnapshot(Protocol):
+    """What a strategy may read of a snapshot (a tree's :class:`Snapshot`, or a ghost's)."""
+
+    @property
+    def last_access(self) -> float: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def resumed(self) -> int: ...
+    @property
+    def passed(self) -> int: ...
+
+
+class RankedNode(Protocol):
+    """What a strategy may read of a node (a tree's :class:`TreeNode`, or a ghost's page)."""
+
+    @property
+    def last_access(self) -> float: ...
+    @property
+    def hit_count(self) -> int: ...
+    @property
+    def depth(self) -> int: ...
+    @property
+    def children(self) -> Sized: ...
+    @property
+    def forked(self) -> bool: ...
+    @property
+    def snapshots_below(self) -> int: ...
 
 
 class EvictionStrategy(Protocol):
@@ -50,23 +79,24 @@ class EvictionStrategy(Protocol):
 
     name: str
 
-    def node_priority(self, node: TreeNode) -> tuple: ...
+    def node_priority(self, node: RankedNode) -> tuple: ...
 
-    def snapshot_priority(self, node: TreeNode, snap: Snapshot) -> tuple: ...
+    def snapshot_priority(self, node: RankedNode, snap: RankedSnapshot) -> tuple: ...
 
 
 class AccessStrategy:
     """A strategy over access time and hit count only: ``priority(last_access, hit_count)``."""
 
     name = "access"
+    refresh_forks = False   # a request passing a branch point's snapshot does not count as using it
 
     def priority(self, last_access: float, hit_count: int) -> tuple:
         raise NotImplementedError
 
-    def node_priority(self, node: TreeNode) -> tuple:
+    def node_priority(self, node: RankedNode) -> tuple:
         return self.priority(node.last_access, node.hit_count)
 
-    def snapshot_priority(self, node: TreeNode, snap: Snapshot) -> tuple:
+    def snapshot_priority(self, node: RankedNode, snap: RankedSnapshot) -> tuple:
         return self.priority(snap.last_access, 0)
 
 
@@ -88,7 +118,66 @@ class LFU(AccessStrategy):
         return (hit_count, last_access)
 
 
-class Value:
+class Ranked:
+    """Recency within classes, each class rule a switch: the candidates of ``adaptive``.
+
+    Every rule is about what a snapshot has been *used* for, read off fields the tree keeps
+    (``Snapshot.resumed`` / ``passed`` / ``kind``, the node's fan-out and
+    ``snapshots_below``), so a candidate ranks by observed reuse instead of assuming one
+    shape of traffic::
+
+        snapshot   (0 if a rule below puts it first | 1 | 2 branch point (forks_last),  last_access)
+        page run   (1, last_access)                    (dead tails first: the tree's order)
+
+        superseded_first     a request resumed from it or passed it, and a deeper snapshot
+                             now hangs below on its only path (no fork): the chain moved on
+                             past it, the way a conversation's next turn publishes deeper
+        idle_tails_first     offered at a decode's end (``kind == "finish"``) and no
+                             request has resumed from or passed it yet: where the next
+                             request resumes at the previous *prompt's* end (a reasoning
+                             model's template drops the thinking, a trace without
+                             conversation ids), a decode's pages and state are never read
+        intermediate_first   a deeper snapshot hangs below on its only path, used or not
+                             (the old ``value`` rule: right when each turn continues
+                             through the previous output, wrong when it does not)
+        forks_last           a branch point (two children or more) ranks after every page
+                             run and other snapshot; ``refresh_forks``: a request passing a
+                             branch point's snapshot (or one that was, ``forked``) on its
+                             way deeper counts as using it
+
+    With every switch off it ranks exactly as :class:`LRU` does. Which candidate suits the
+    traffic is not decided here: :class:`~hicache.tree.selector.PolicySelector` runs each
+    in a ghost of the cache and the cache follows the one that hit most lately.
+    """
+
+    def __init__(self, name: str, *, superseded_first: bool = False, idle_tails_first: bool = False,
+                 intermediate_first: bool = False, forks_last: bool = False, refresh_forks: bool = False):
+        self.name = name
+        self.superseded_first = superseded_first
+        self.idle_tails_first = idle_tails_first
+        self.intermediate_first = intermediate_first
+        self.forks_last = forks_last
+        self.refresh_forks = refresh_forks
+
+    def node_priority(self, node: RankedNode) -> tuple:
+        return (1, node.last_access)
+
+    def snapshot_priority(self, node: RankedNode, snap: RankedSnapshot) -> tuple:
+        if self.forks_last and len(node.children) >= 2:
+            return (2, snap.last_access)
+        if node.snapshots_below > 0 and len(node.children) <= 1 and not node.forked:
+            if self.intermediate_first or (self.superseded_first and (snap.resumed or snap.passed)):
+                return (0, snap.last_access)
+        if self.idle_tails_first and snap.kind == "finish" and not (snap.resumed or snap.passed):
+            return (0, snap.last_access)
+        return (1, snap.last_access)
+
+    def first_class(self, node: RankedNode, snap: RankedSnapshot) -> bool:
+        """Does a rule put this snapshot first (so it is not worth a host copy)?"""
+        return self.snapshot_priority(node, snap)[0] == 0
+
+
+class Value(Ranked):
     """Recency within value classes: what a victim's bytes still protect decides first.
 
     A snapshot is *intermediate* when a deeper snapshot hangs below it on its node's only
@@ -108,40 +197,31 @@ class Value:
     had gone recomputed the whole prompt (agentic traces: +1.0 to +1.4 points at the
     tightest budget with this rule)::
 
-        snapshot  (0 intermediate | 1 end of a path | 2 branch point,  score)
-        page run  (1,                                                   score)
-        score     last_access + depth_weight * ln(depth + 1)      (branch points: last_access)
+        snapshot  (0 intermediate | 1 end of a path | 2 branch point,  last_access)
+        page run  (1,                                                   last_access)
 
-    ``depth_weight`` (in ticks of the tree's clock; 0 is plain recency) lets a deep chain
-    outlast a shallow one of the same age: on chat traffic a long conversation is likelier
-    to come back and saves more per byte when it does. No fixed weight fits every workload,
-    so the cache sets it online from its ghost caches (:mod:`hicache.tree.ghost`) and calls
-    :meth:`RadixTree.reorder` when it changes. Both kinds share one scale, so a tier whose
-    pages and snapshots draw on one byte budget can merge the two orders.
+    Its rules hold when each turn continues through the previous turn's output; where the
+    next request resumes at the previous *prompt's* end, the prompt's snapshot is
+    "intermediate" (the decode's lies below it) and goes first though it is the one the
+    next turn needs. The rules that look at what requests were *seen* to use are
+    ``reuse`` / ``reuse-prompt`` (:class:`Ranked`); ``adaptive`` chooses between them.
     """
 
-    name = "value"
-
-    def __init__(self, depth_weight: float = 0.0):
-        self.depth_weight = depth_weight
-
-    def _score(self, last_access: float, depth: int) -> float:
-        w = self.depth_weight
-        return last_access + w * math.log(depth + 1) if w else last_access
-
-    def node_priority(self, node: TreeNode) -> tuple:
-        return (1, self._score(node.last_access, node.depth))
+    def __init__(self) -> None:
+        super().__init__("value", intermediate_first=True, forks_last=True, refresh_forks=True)
 
     @staticmethod
-    def intermediate(node: TreeNode) -> bool:
+    def intermediate(node: RankedNode) -> bool:
         """A deeper snapshot hangs below ``node`` on its only path, and no request ever
         left that path here (``node.forked``)."""
         return node.snapshots_below > 0 and len(node.children) <= 1 and not node.forked
 
-    def snapshot_priority(self, node: TreeNode, snap: Snapshot) -> tuple:
-        if len(node.children) >= 2:
-            return (2, snap.last_access)
-        return (0 if self.intermediate(node) else 1, self._score(snap.last_access, node.depth))
+
+# The named candidates of ``eviction: adaptive`` (each also usable alone as ``eviction``).
+CANDIDATES: dict[str, dict[str, bool]] = {
+    "reuse": {"superseded_first": True, "forks_last": True, "refresh_forks": True},
+    "reuse-prompt": {"superseded_first": True, "idle_tails_first": True},
+}
 
 
 STRATEGIES: dict[str, type] = {"lru": LRU, "lfu": LFU, "value": Value}
@@ -150,10 +230,12 @@ STRATEGIES: dict[str, type] = {"lru": LRU, "lfu": LFU, "value": Value}
 def get_strategy(name: str | EvictionStrategy) -> EvictionStrategy:
     if not isinstance(name, str):
         return name
+    if name in CANDIDATES:
+        return Ranked(name, **CANDIDATES[name])
     try:
         return STRATEGIES[name]()
     except KeyError:
-        raise ConfigError("eviction", name, f"must be one of {sorted(STRATEGIES)}") from None
+        raise ConfigError("eviction", name, f"must be one of {sorted([*STRATEGIES, *CANDIDATES])}") from None
 
 
 def device_victims(tree: RadixTree, strategy: EvictionStrategy,

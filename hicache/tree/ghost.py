@@ -1,226 +1,379 @@
-"""Ghost caches: metadata-only replicas of the cache under other eviction weights.
+"""Ghost caches: metadata-only replicas of the cache, one per candidate policy.
 
-Why. Recency alone (LRU) is what the value order falls back on, and on multi-turn traffic
-it is not the best order at tight budgets: a long conversation is both more likely to come
-back (on chat traffic the chance of another turn grows with the turns already taken) and
-worth more per byte when it does (its one ~4 MB snapshot is spread over more pages). On
-ShareGPT at the tightest budget, weighting a chain's recency by its depth gains 1.5-3 points.
-On the built-in agentic traffic a fixed weight loses: a rollout's step count is drawn
-uniformly, so the deeper a rollout the likelier it has just ended. No constant fits both, so the weight is
-chosen online: a few ghosts replay every request under candidate weights, and the cache
-uses the weight whose ghost hit most over the recent window (:class:`DepthTuner`).
+Why. No fixed eviction order is best on every shape of traffic: a rule that is right when
+each turn continues through the previous turn's output is wrong when the next turn resumes
+at the previous *prompt's* end (reasoning models, traces without conversation ids), and
+a recency order that suits chat lets one-off prompts displace reused ones on production
+traffic. So the cache runs several whole policies side by side, in ghosts, and follows the
+one that has hit most lately (:class:`hicache.tree.selector.PolicySelector`). A ghost is
+only as useful as it is faithful, so it is fed the *real cache's* events, not a model of
+the traffic: every lookup (the resume path a lease opens), every publish (the pages and the
+snapshot a request offers, with the boundary that offered it), every ``expect`` of a
+queued request and every release, and it ranks victims with the *same* strategy object the
+real tree uses (:mod:`hicache.tree.eviction`), read off ghost nodes that carry the fields a
+strategy reads (``last_access``, ``depth``, ``children``, ``forked``, ``snapshots_below``,
+``hit_count``, and per snapshot ``last_access``, ``kind``, ``resumed``, ``passed``).
 
-A ghost is the cache reduced to its bookkeeping: a trie of page keys (one node per page),
-each page costing one unit of capacity and each snapshot ``snapshot_units`` (its bytes in
-pages). A request hits its longest cached prefix cut back to the deepest snapshot; it then
-inserts its whole pages, with snapshots where the engine offers them (the end of its whole
-pages, and the point where it left the cached path), and the ghost evicts until it fits::
+What a ghost holds::
 
-    1. dead leaves: no snapshot at their end, they can never be resumed
-    2. intermediate snapshots: one child below, a deeper snapshot carries the branch
-    3. live leaves, lowest  last_use + weight * ln(depth + 1)  first; a leaf goes with its
-       snapshot and with the ancestors that leaves dead
+    a trie of page keys (one node per page, keyed by the chained page hash)
+    per node: a snapshot for the boundary at its end, or none
+    capacity in page units: a page is 1, a snapshot its bytes in pages; sized like the
+    cache (device pages + host bytes): with write_back and an exclusive host tier the two
+    tiers hold different pages, so the pair behaves as one cache of their summed bytes
 
-A snapshot at a branch point (two or more children) is never a victim of its own: its
-branches resume there. One at a former branch point (one child left) is not intermediate:
-it ranks with the live leaves, as in the cache's value order. Time is counted in requests,
-so a weight reads as "requests of recency one e-fold of depth is worth". Each step costs
-O(pages of the request + victims x log n).
+    lookup    hit = the deepest page boundary on the cached prefix with a snapshot
+              (history must cover the prefix, state sits at the resume point); the path
+              and that snapshot are touched, the snapshot counts ``resumed``, those on
+              the path above it ``passed``; the path is pinned for the request
+    publish   pages added (re-added when the ghost had evicted them) and pinned; the
+              snapshot attached with the boundary's kind
+    expect    the resume path and snapshot touched (a queued request), nothing pinned
+    release   the request's pins go
+    evict     while over capacity: the smallest of
+                  page leaf   (has a snapshot at its end, strategy.node_priority)
+                  snapshot    (True, strategy.snapshot_priority)
+              among what no running request pins; a leaf without a snapshot is dead
+              (no request can resume there) and ranks first, as in the real order
+
+A leaf evicted goes with its snapshot; a snapshot evicted may leave its node a dead leaf.
+Layouts without state resume at any page boundary: every node counts as having a
+snapshot of size 0 (``snapshot_units == 0`` and ``stateless``).
+
+Cost: O(pages of the request) per lookup and publish, plus O(depth) per snapshot attached
+or detached (``snapshots_below`` of the ancestors), plus O(log n) per victim.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from collections import deque
-from typing import Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
 
 import numpy as np
+import xxhash
+
+if TYPE_CHECKING:
+    from hicache.tree.eviction import EvictionStrategy
 
 
-class _Page:
-    __slots__ = ("key", "parent", "kids", "snap", "forked", "last", "depth", "gen")
+class GhostSnapshot:
+    """The fields of a real :class:`~hicache.tree.node.Snapshot` a strategy reads."""
 
-    def __init__(self, key: object, parent: "_Page | None", depth: int):
-        self.key, self.parent, self.depth = key, parent, depth
-        self.kids = 0
-        self.snap = False
-        self.forked = False   # has had two children or more (RadixTree's TreeNode.forked)
-        self.last = 0
-        self.gen = 0          # its current heap entry's sequence number (0: none)
+    __slots__ = ("last_access", "kind", "resumed", "passed")
+
+    def __init__(self, now: float, kind: str):
+        self.last_access = now
+        self.kind = kind
+        self.resumed = 0
+        self.passed = 0
+
+
+class GhostNode:
+    """One page of a ghost, with the fields of a :class:`~hicache.tree.node.TreeNode` a
+    strategy reads."""
+
+    __slots__ = ("key", "parent", "children", "depth", "last_access", "hit_count", "snapshot", "forked",
+                 "snapshots_below", "pins", "spins", "gen", "sgen")
+
+    def __init__(self, key: Hashable, parent: "GhostNode | None", depth: int, now: float):
+        self.key = key
+        self.parent = parent
+        self.children: dict[Hashable, GhostNode] = {}
+        self.depth = depth
+        self.last_access = now
+        self.hit_count = 0
+        self.snapshot: GhostSnapshot | None = None
+        self.forked = False
+        self.snapshots_below = 0
+        self.pins = 0    # running requests whose path covers this page
+        self.spins = 0   # running requests that hold this page's snapshot (resume point, newest published)
+        self.gen = 0     # sequence number of its live page-heap entry (0: none)
+        self.sgen = 0    # sequence number of its live snapshot-heap entry (0: none)
 
 
 class GhostCache:
-    """One ghost at one weight (module docstring). Keys are any hashable page ids whose
-    equality means "same prefix" (chained page hashes)."""
+    """One ghost under one strategy (module docstring).
 
-    def __init__(self, capacity_units: float, snapshot_units: float, weight: float):
-        self.capacity = capacity_units
-        self.snapshot_units = snapshot_units
-        self.weight = weight
-        self.pages: dict[object, _Page] = {}
-        self.used = 0.0
-        self.now = 0
-        self._leaves: list[tuple[float, int, object]] = []   # (priority, gen, key)
-        self._inter: list[tuple[float, int, object]] = []    # (last, gen, key)
-        self._dead: list[object] = []
-        self._seq = 0
-
-    # -- bookkeeping --------------------------------------------------------------------------
-    def _push(self, p: _Page) -> None:
-        """Queue ``p`` by its current role (dead leaf, live leaf or intermediate snapshot)."""
-        self._seq += 1
-        p.gen = self._seq     # unique across pages: a key removed and added again gets a new gen
-        if p.snap and (p.kids == 0 or (p.kids == 1 and p.forked)):
-            prio = p.last + self.weight * math.log(p.depth + 1)
-            heapq.heappush(self._leaves, (prio, p.gen, p.key))
-        elif p.kids == 0:
-            self._dead.append(p.key)
-        elif p.kids == 1 and p.snap:
-            heapq.heappush(self._inter, (p.last, p.gen, p.key))
-
-    def _current(self, key: object, gen: int) -> _Page | None:
-        p = self.pages.get(key)
-        return p if p is not None and p.gen == gen else None
-
-    def _remove(self, p: _Page) -> None:
-        del self.pages[p.key]
-        self.used -= 1 + (self.snapshot_units if p.snap else 0)
-        parent = p.parent
-        if parent is not None:
-            parent.kids -= 1
-            if parent.kids <= 1:
-                self._push(parent)
-
-    def _remove_dead(self, p: _Page | None, protected: set) -> None:
-        """Remove ``p`` and then each ancestor it leaves dead (no child, no snapshot)."""
-        while p is not None and p.kids == 0 and not p.snap and p.key not in protected:
-            parent = p.parent
-            self._remove(p)
-            p = parent
-
-    def _drop_snapshot(self, p: _Page) -> None:
-        p.snap = False
-        self.used -= self.snapshot_units
-        self._push(p)
-
-    def _evict_one(self, protected: set) -> bool:
-        while self._dead:
-            p = self.pages.get(self._dead.pop())
-            if p is not None and p.kids == 0 and not p.snap and p.key not in protected:
-                self._remove(p)
-                return True
-        for heap in (self._inter, self._leaves):
-            held: list[tuple[float, int, object]] = []
-            try:
-                while heap:
-                    entry = heapq.heappop(heap)
-                    p = self._current(entry[2], entry[1])
-                    if p is None:
-                        continue
-                    if p.key in protected:
-                        held.append(entry)
-                        continue
-                    if heap is self._inter:
-                        self._drop_snapshot(p)
-                    else:
-                        p.snap = False
-                        self.used -= self.snapshot_units
-                        self._remove_dead(p, protected)
-                    return True
-            finally:
-                for entry in held:
-                    heapq.heappush(heap, entry)
-        return False
-
-    # -- one request ---------------------------------------------------------------------------
-    def step(self, keys: Sequence[object]) -> int:
-        """Replay one request's whole pages (``keys``, root first); returns its hit pages."""
-        self.now += 1
-        pages = self.pages
-        k = 0
-        while k < len(keys) and keys[k] in pages:
-            k += 1
-        hit = k
-        while hit and not pages[keys[hit - 1]].snap:
-            hit -= 1
-        parent = None
-        for depth, key in enumerate(keys):
-            p = pages.get(key)
-            if p is None:
-                p = pages[key] = _Page(key, parent, depth)
-                self.used += 1
-                if parent is not None:
-                    parent.kids += 1
-                    parent.forked = parent.forked or parent.kids >= 2
-                    self._push(parent)
-            p.last = self.now
-            parent = p
-        for end in {len(keys), k}:
-            if 0 < end <= len(keys) and not pages[keys[end - 1]].snap:
-                pages[keys[end - 1]].snap = True
-                self.used += self.snapshot_units
-        for key in keys:   # re-queue what a touch re-keys: leaves and pages with a snapshot
-            p = pages[key]
-            if p.snap or not p.kids:
-                self._push(p)
-        if self.used > self.capacity:
-            protected = set(keys)
-            while self.used > self.capacity and self._evict_one(protected):
-                pass
-        if len(self._leaves) + len(self._inter) + len(self._dead) > 2 * len(pages) + 64:
-            self._compact()
-        return hit
-
-    def _compact(self) -> None:
-        """Drop superseded heap entries (lazy deletion leaves one per re-push), so a ghost
-        that rarely evicts stays O(pages) in memory."""
-        for heap in (self._leaves, self._inter):
-            heap[:] = [e for e in heap if self._current(e[2], e[1]) is not None]
-            heapq.heapify(heap)
-        self._dead = list(dict.fromkeys(k for k in self._dead if k in self.pages))
-
-
-class DepthTuner:
-    """Runs one ghost per candidate weight and names the weight that hit most lately.
-
-    Ties go to the smallest weight (plain recency unless depth has earned its place).
+    ``capacity_units``: the cache's bytes in pages; ``snapshot_units``: a snapshot's bytes
+    in pages (0 for layouts without state, with ``stateless=True``).
     """
 
-    def __init__(self, capacity_units: float, snapshot_units: float, weights: Sequence[float], window: int):
-        self.weights = tuple(weights)
-        self.ghosts = [GhostCache(capacity_units, snapshot_units, w) for w in self.weights]
-        self._recent: list[deque[int]] = [deque(maxlen=window) for _ in self.weights]
-        self._sums = [0] * len(self.weights)
-        self.weight = min(self.weights)
-        self.switches = 0
+    def __init__(self, strategy: "EvictionStrategy", capacity_units: float, snapshot_units: float, *,
+                 stateless: bool = False):
+        self.strategy = strategy
+        self.capacity = float(capacity_units)
+        self.snapshot_units = float(snapshot_units)
+        self.stateless = stateless
+        self.root = GhostNode(None, None, 0, 0.0)
+        self.nodes: dict[Hashable, GhostNode] = {}
+        self.used = 0.0
+        self.clock = 0
+        self.evicted_pages = 0
+        self.evicted_snapshots = 0
+        self._pages: list[tuple] = []   # (key tuple, seq, node) of leaves
+        self._snaps: list[tuple] = []   # (key tuple, seq, node) of snapshots
+        self._seq = 0
+        self._held: dict[object, list[GhostNode]] = {}   # request -> nodes it pins (one pin each)
+        self._snap_held: dict[object, list[GhostNode | None]] = {}   # request -> [resume node, newest published]
 
-    def observe(self, keys: Sequence[object]) -> bool:
-        """Replay one request in every ghost; True when the chosen weight changed."""
-        for i, ghost in enumerate(self.ghosts):
-            hit = ghost.step(keys)
-            recent = self._recent[i]
-            if len(recent) == recent.maxlen:
-                self._sums[i] -= recent[0]
-            recent.append(hit)
-            self._sums[i] += hit
-        best = max(range(len(self.ghosts)), key=lambda i: (self._sums[i], -self.weights[i]))
-        weight = self.weights[best]
-        if weight == self.weight:
-            return False
-        self.weight = weight
-        self.switches += 1
-        return True
+    # -- order -------------------------------------------------------------------------------
+    def _push_page(self, node: GhostNode) -> None:
+        if node.children or node.parent is None:
+            node.gen = 0
+            return
+        self._seq += 1
+        node.gen = self._seq
+        alive = self.stateless or node.snapshot is not None
+        heapq.heappush(self._pages, ((alive, self.strategy.node_priority(node)), self._seq, node))
+
+    def _push_snap(self, node: GhostNode) -> None:
+        if node.snapshot is None or self.stateless:
+            node.sgen = 0
+            return
+        self._seq += 1
+        node.sgen = self._seq
+        heapq.heappush(self._snaps, ((True, self.strategy.snapshot_priority(node, node.snapshot)), self._seq, node))
+
+    def reorder(self, strategy: "EvictionStrategy") -> None:
+        """Rank by another strategy from now on (rebuilds both heaps, O(n))."""
+        self.strategy = strategy
+        self._pages, self._snaps = [], []
+        for node in self.nodes.values():
+            self._push_page(node)
+            self._push_snap(node)
+
+    # -- structure ---------------------------------------------------------------------------
+    def _adjust_below(self, node: GhostNode, delta: int) -> None:
+        """A snapshot attached to (or detached from) ``node``: every ancestor's count of
+        snapshots below changes; one whose count leaves or reaches 0 is re-ranked."""
+        a = node.parent
+        while a is not None and a.parent is not None:
+            before = a.snapshots_below
+            a.snapshots_below = before + delta
+            if a.snapshot is not None and (before == 0 or a.snapshots_below == 0):
+                self._push_snap(a)
+            a = a.parent
+
+    def _attach(self, node: GhostNode, kind: str) -> None:
+        snap = node.snapshot
+        if snap is not None:
+            snap.last_access = self.clock
+            self._push_snap(node)
+            return
+        node.snapshot = GhostSnapshot(self.clock, kind)
+        self.used += self.snapshot_units
+        self._adjust_below(node, 1)
+        self._push_snap(node)
+        self._push_page(node)   # a leaf with a snapshot is alive
+
+    def _detach(self, node: GhostNode) -> None:
+        node.snapshot = None
+        node.sgen = 0
+        self.used -= self.snapshot_units
+        self.evicted_snapshots += 1
+        self._adjust_below(node, -1)
+        self._push_page(node)   # a leaf without one is dead
+
+    def _remove_leaf(self, node: GhostNode) -> None:
+        if node.snapshot is not None:
+            self._detach(node)
+        parent = node.parent
+        assert parent is not None and not node.children
+        del parent.children[node.key]
+        del self.nodes[node.key]
+        node.gen = node.sgen = 0
+        self.used -= 1
+        self.evicted_pages += 1
+        if parent.snapshot is not None and len(parent.children) <= 1:
+            self._push_snap(parent)   # fan-out changed
+        self._push_page(parent)
+
+    # -- events ------------------------------------------------------------------------------
+    def _walk(self, keys: Sequence[Hashable]) -> tuple[list[GhostNode], int]:
+        """The cached path of ``keys`` and the pages of it a request can resume from."""
+        path = []
+        nodes = self.nodes
+        for key in keys:
+            node = nodes.get(key)
+            if node is None:
+                break
+            path.append(node)
+        resume = len(path)
+        if not self.stateless:
+            while resume and path[resume - 1].snapshot is None:
+                resume -= 1
+        return path, resume
+
+    def _touch(self, path: list[GhostNode], resume: int, *, hit: bool) -> None:
+        self.clock += 1
+        now = self.clock
+        for i in range(resume):
+            node = path[i]
+            node.last_access = now
+            if hit:
+                node.hit_count += 1
+            snap = node.snapshot
+            if snap is not None and hit and i < resume - 1:
+                snap.passed += 1
+                self._push_snap(node)
+            if not node.children:
+                self._push_page(node)
+        if resume:
+            node = path[resume - 1]
+            snap = node.snapshot
+            if snap is not None:
+                snap.last_access = now
+                if hit:
+                    snap.resumed += 1
+                self._push_snap(node)
+            if getattr(self.strategy, "refresh_forks", False):   # forks kept warm for passing requests
+                for i in range(resume - 1):
+                    n = path[i]
+                    if n.snapshot is not None and n.forked:
+                        n.snapshot.last_access = now
+                        self._push_snap(n)
+
+    def lookup(self, request: object, keys: Sequence[Hashable]) -> int:
+        """A lease opens for ``keys`` (its whole prompt pages the cache may resume over):
+        returns the pages the ghost would resume from, touches and pins that path."""
+        path, resume = self._walk(keys)
+        self._touch(path, resume, hit=True)
+        held = self._held.setdefault(request, [])
+        for i in range(resume):
+            path[i].pins += 1
+            held.append(path[i])
+        if resume and path[resume - 1].snapshot is not None:
+            self._hold_snapshot(request, 0, path[resume - 1])
+        return resume
+
+    def _hold_snapshot(self, request: object, slot: int, node: GhostNode | None) -> None:
+        """A running request holds the snapshot of ``node`` in ``slot`` (0: the one it
+        resumed from, 1: the newest it published), as a lease pins them."""
+        slots = self._snap_held.setdefault(request, [None, None])
+        old = slots[slot]
+        if old is node:
+            return
+        if old is not None:
+            old.spins -= 1
+        if node is not None:
+            node.spins += 1
+        slots[slot] = node
+
+    def expect(self, keys: Sequence[Hashable]) -> None:
+        """A queued request's resume path counts as used now (nothing pinned)."""
+        path, resume = self._walk(keys)
+        if resume:
+            self._touch(path, resume, hit=False)
+
+    def publish(self, request: object, keys: Sequence[Hashable], kind: str | None) -> None:
+        """A request published ``keys`` (root first) and, when ``kind`` is set, a snapshot
+        for the boundary at their end offered for that reason."""
+        nodes = self.nodes
+        held = self._held.setdefault(request, [])
+        self.clock += 1
+        now = self.clock
+        parent = self.root
+        for depth, key in enumerate(keys, 1):
+            node = nodes.get(key)
+            if node is None:
+                node = nodes[key] = GhostNode(key, parent, depth, now)
+                had = len(parent.children)
+                parent.children[key] = node
+                self.used += 1
+                node.pins = 1
+                held.append(node)
+                if had == 0:
+                    parent.gen = 0          # no longer a leaf
+                elif had == 1:
+                    parent.forked = True
+                if parent.snapshot is not None:
+                    self._push_snap(parent)
+                self._push_page(node)
+            parent = node
+        if kind is not None and keys:
+            self._attach(parent, kind)
+            self._hold_snapshot(request, 1, parent)
+        if self.used > self.capacity:
+            self._evict()
+
+    def release(self, request: object) -> None:
+        """The request ended: its pins go."""
+        for node in self._held.pop(request, ()):
+            node.pins -= 1
+        for held in self._snap_held.pop(request, ()):
+            if held is not None:
+                held.spins -= 1
+
+    # -- eviction ----------------------------------------------------------------------------
+    def _top(self, heap: list[tuple], snaps: bool, held: list[tuple]) -> tuple | None:
+        while heap:
+            entry = heap[0]
+            node = entry[2]
+            live = node.sgen == entry[1] if snaps else node.gen == entry[1]
+            if not live:
+                heapq.heappop(heap)
+                continue
+            if node.spins if snaps else node.pins:
+                held.append(heapq.heappop(heap))
+                continue
+            return entry
+        return None
+
+    def _evict(self) -> None:
+        held_p: list[tuple] = []
+        held_s: list[tuple] = []
+        try:
+            while self.used > self.capacity:
+                p = self._top(self._pages, False, held_p)
+                s = self._top(self._snaps, True, held_s)
+                if p is None and s is None:
+                    return
+                if p is not None and (s is None or p[0] <= s[0]):
+                    heapq.heappop(self._pages)
+                    self._remove_leaf(p[2])
+                elif s is not None:
+                    heapq.heappop(self._snaps)
+                    self._detach(s[2])
+        finally:
+            for e in held_p:
+                heapq.heappush(self._pages, e)
+            for e in held_s:
+                heapq.heappush(self._snaps, e)
+            if len(self._pages) + len(self._snaps) > 4 * len(self.nodes) + 64:
+                self._compact()
+
+    def _compact(self) -> None:
+        """Drop superseded heap entries (lazy deletion leaves one per re-push)."""
+        self._pages = [e for e in self._pages if e[2].gen == e[1]]
+        self._snaps = [e for e in self._snaps if e[2].sgen == e[1]]
+        heapq.heapify(self._pages)
+        heapq.heapify(self._snaps)
+
+    def check(self) -> None:
+        """Recount what the ghost holds (tests)."""
+        pages = len(self.nodes)
+        snaps = sum(1 for n in self.nodes.values() if n.snapshot is not None)
+        assert abs(self.used - (pages + snaps * self.snapshot_units)) < 1e-6, (self.used, pages, snaps)
+        for node in self.nodes.values():
+            below = 0
+            stack = list(node.children.values())
+            while stack:
+                c = stack.pop()
+                below += c.snapshot is not None
+                stack.extend(c.children.values())
+            assert below == node.snapshots_below, (node.key, below, node.snapshots_below)
 
 
 def page_keys(tokens: np.ndarray, page_tokens: int, pages: int) -> list[int]:
-    """Ghost keys of the first ``pages`` whole pages of ``tokens``: each the hash of its
-    parent's key and its tokens, so equal keys mean equal prefixes (a ghost needs no more:
-    a collision costs a ghost one wrong hit, never a byte served)."""
+    """Ghost keys of the first ``pages`` whole pages of ``tokens``: each a 64-bit hash of
+    its parent's key and its tokens (xxh3, seeded with the parent), so equal keys mean
+    equal prefixes and every process computes the same keys (a ghost needs no more: a
+    collision costs a ghost one wrong hit, never a byte served)."""
     keys, key = [], 0
-    raw = tokens[: pages * page_tokens].tobytes()
-    width = len(raw) // pages if pages else 0
+    raw = np.ascontiguousarray(tokens[: pages * page_tokens], dtype="<i4").tobytes()
+    width = page_tokens * 4
+    digest = xxhash.xxh3_64_intdigest
     for i in range(pages):
-        key = hash((key, raw[i * width: (i + 1) * width]))
+        key = digest(raw[i * width: (i + 1) * width], seed=key)
         keys.append(key)
     return keys

@@ -95,10 +95,19 @@ class Snapshot:
     snapshot kept only until its request offers a newer one (retention, see retention.py).
     ``backup_pending`` / ``put_pending`` / ``loading``: a D2H backup, an L3 put or an H2D
     load is reading or filling a copy of it; such a snapshot (and its node) is not evicted.
+
+    What it has been used for, observed (an eviction strategy may rank by it): ``kind`` is
+    the boundary it was first offered at (a :class:`~hicache.tree.retention.Boundary`
+    value: ``prefill``, ``prompt_end``, ``finish``, ``branch``; "" when not given);
+    ``resumed`` counts requests that resumed exactly here, ``passed`` those that resumed
+    deeper through its node.
     """
 
     __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
-                 "loading", "load_ticket", "last_access", "_node", "_counted")
+                 "loading", "load_ticket", "last_access", "_node", "_counted", "kind", "resumed", "passed")
+    kind: str
+    resumed: int
+    passed: int
     device_id: int | None
     host_id: int | None
     lock: int
@@ -113,7 +122,7 @@ class Snapshot:
 
     def __init__(self, device_id: int | None = None, host_id: int | None = None, lock: int = 0,
                  provisional_owner: int | None = None, backup_pending: bool = False, put_pending: bool = False,
-                 loading: bool = False, last_access: float = 0.0):
+                 loading: bool = False, last_access: float = 0.0, kind: str = ""):
         _set(self, "_node", None)  # the node it is attached to (set by ``node.snapshot = ...``)
         _set(self, "_counted", UNCOUNTED)  # what it adds to its tree's evictable totals (watch.py)
         _set(self, "device_id", device_id)
@@ -125,6 +134,9 @@ class Snapshot:
         _set(self, "loading", loading)
         _set(self, "load_ticket", None)  # the H2D copy filling the device copy, once submitted
         _set(self, "last_access", last_access)
+        _set(self, "kind", kind)
+        _set(self, "resumed", 0)
+        _set(self, "passed", 0)
 
     def __setattr__(self, name: str, value: object) -> None:
         _set(self, name, value)

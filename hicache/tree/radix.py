@@ -364,10 +364,11 @@ class RadixTree:
         """
         return (self._watch.pages if source == "page" else self._watch.snapshots)[tier]
 
-    def reorder(self, strategy: "EvictionStrategy") -> None:
-        """Forget the order kept for ``strategy``: its priorities changed for every node at
-        once (a new depth weight), so the next :meth:`eviction_order` rebuilds it, O(n)."""
-        self._watch.drop_order(strategy)
+    def reorder(self) -> None:
+        """Forget every victim order kept: the cache follows another strategy now (an
+        adaptive policy switched), so the next :meth:`eviction_order` builds the new one,
+        O(n), and the old one is no longer kept current."""
+        self._watch.drop_orders()
 
     def reprioritize(self, node: TreeNode) -> None:
         """Recompute ``node``'s (and its snapshot's) place in every eviction order; for

@@ -52,8 +52,8 @@ class TreeWatch:
                     order.refresh_snapshot(n, n.snapshot)
         return order
 
-    def drop_order(self, strategy: "EvictionStrategy") -> None:
-        self.orders.pop((type(strategy), strategy.name), None)
+    def drop_orders(self) -> None:
+        self.orders.clear()
 
     # -- totals -----------------------------------------------------------------------------
     @staticmethod

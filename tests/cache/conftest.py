@@ -31,7 +31,7 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
                write_policy="write_through", retention=None, eviction="lru", threshold=2,
                storage="memory://", prefetch_policy="wait_complete", salt="t",
                host_tier="inclusive", transfer=None, budget="split", state_cap=None,
-               depth_weights=(0.0,)) -> HiCache:
+               candidates=None, window=300, margin=0.01) -> HiCache:
     """A cache with these counts (``budget="split"``), or (``"shared"``) one arena per tier
     of the same bytes: ``pages x page bytes + snaps x snapshot bytes`` (``state_cap``: a
     state_share cap), or (``"shared_host"``) the device's counts and such a host arena."""
@@ -51,7 +51,9 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
                            host_pages=host_pages, host_snapshots=host_snaps)
     cfg = HiCacheConfig(
         pools=pools,
-        tree=TreeConfig(eviction=eviction, retention_interval=retention, depth_weights=depth_weights),
+        tree=TreeConfig(eviction=eviction, retention_interval=retention,
+                        adaptive_candidates=candidates or TreeConfig.adaptive_candidates,
+                        adaptive_window=window, adaptive_margin=margin),
         write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold, host_tier=host_tier),
         storage=StorageConfig(url=storage, salt=salt, prefetch_policy=prefetch_policy,
                               prefetch_threshold_tokens=P))

@@ -159,11 +159,9 @@ def test_a_request_passing_a_branch_points_snapshot_keeps_it_warm_under_value(ev
     eng.cache.close()
 
 
-def test_value_classes_and_the_depth_weight():
+def test_value_classes():
     """Intermediate snapshots rank 0, the end of a path 1 (with the page runs), a branch
-    point 2 whatever its age; the depth weight adds ``w * ln(depth + 1)`` to classes 0-1."""
-    import math
-
+    point 2 whatever its age."""
     from hicache.tree import Value
     eng = Engine(make_cache(device_snaps=8, eviction="value"))
     eng.run(toks(1, 2, extra=1))
@@ -171,23 +169,21 @@ def test_value_classes_and_the_depth_weight():
     eng.run(toks(1, 2, 4, extra=1))
     eng.run(toks(1, 2, 3, 5, extra=1))
     fork, x, x2 = (node_of(eng.cache, toks(*p)) for p in ((1, 2), (1, 2, 3), (1, 2, 3, 5)))
-    plain, deep = Value(), Value(depth_weight=10.0)
-    assert plain.snapshot_priority(fork, fork.snapshot) == (2, fork.snapshot.last_access)
-    assert deep.snapshot_priority(fork, fork.snapshot) == (2, fork.snapshot.last_access)
-    assert plain.snapshot_priority(x, x.snapshot) == (0, x.snapshot.last_access)
-    assert plain.snapshot_priority(x2, x2.snapshot) == (1, x2.snapshot.last_access)
-    assert deep.snapshot_priority(x2, x2.snapshot) == (1, x2.snapshot.last_access + 10.0 * math.log(5))
-    assert deep.node_priority(x2) == (1, x2.last_access + 10.0 * math.log(5))
+    v = Value()
+    assert v.snapshot_priority(fork, fork.snapshot) == (2, fork.snapshot.last_access)
+    assert v.snapshot_priority(x, x.snapshot) == (0, x.snapshot.last_access)
+    assert v.snapshot_priority(x2, x2.snapshot) == (1, x2.snapshot.last_access)
+    assert v.node_priority(x2) == (1, x2.last_access)
     eng.cache.check_integrity()
     eng.cache.close()
 
 
 def test_a_branch_points_snapshot_outlasts_deeper_leaf_snapshots():
-    # Rows for three snapshots: the fork (a branch point at depth 2) and the leaves X, Y at
-    # depth 3. Under a depth weight the leaves rank above the fork by w * ln(4/3); were the
-    # fork ranked with them, Z's snapshot would take its row and no new sibling could resume.
+    # Rows for three snapshots: the fork (a branch point at depth 2, the oldest) and the
+    # leaves X, Y at depth 3. Were the fork ranked with them by age, Z's snapshot would take
+    # its row and no new sibling could resume.
     eng = Engine(make_cache(device_snaps=3, host_snaps=1, write_policy="write_through_selective", threshold=99,
-                            eviction="value", depth_weights=(1000.0,)))
+                            eviction="value"))
     eng.run(toks(1, 2, extra=1))
     eng.run(toks(1, 2, 3, extra=1))
     eng.run(toks(1, 2, 4, extra=1))
@@ -195,23 +191,6 @@ def test_a_branch_points_snapshot_outlasts_deeper_leaf_snapshots():
     assert eng.cache.match(toks(1, 2, 9, extra=1)).resume_tokens == 8      # new siblings still resume at the fork
     assert eng.cache.match(toks(1, 2, 3, extra=1)).resume_tokens == 8        # the older leaf (X) gave its row
     assert eng.cache.match(toks(1, 2, 4, extra=1)).resume_tokens == 12
-    eng.cache.check_integrity()
-    eng.cache.close()
-
-
-def test_the_depth_weight_is_chosen_by_ghosts_and_reported():
-    from hicache.cache.policy import _DepthWeight
-    from hicache.config import TreeConfig
-    fixed = _DepthWeight(TreeConfig(eviction="value", depth_weights=(30.0,)), (100.0, 4.0), 8)
-    t = np.zeros(64, np.int32)
-    # one weight: no ghosts; in ticks at the measured rate, re-measured at powers of two
-    assert [fixed.observe(t, 2, clock) for clock in (5, 10, 14, 20)] == [150.0, 150.0, None, 150.0]
-    eng = Engine(make_cache(eviction="value", depth_weights=(0.0, 10.0)))
-    for c in range(6):
-        eng.run(toks(*range(10 * c, 10 * c + 3), extra=1))
-    s = eng.cache.stats()
-    assert s["depth_weight"] in (0.0, 10.0) and s["depth_weight_switches"] >= 0
-    assert "depth_weight" not in Engine(make_cache(eviction="lru", depth_weights=(0.0, 10.0))).cache.stats()
     eng.cache.check_integrity()
     eng.cache.close()
 

@@ -1,120 +1,201 @@
-"""Ghost caches and the depth tuner (hicache.tree.ghost)."""
+"""Ghost caches (hicache.tree.ghost): metadata-only replicas fed the cache's events."""
 
 import numpy as np
-import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from hicache.tree.ghost import DepthTuner, GhostCache, page_keys
-
-
-def test_hits_stop_at_the_deepest_snapshot_and_lru_leaves_go_first():
-    g = GhostCache(capacity_units=6, snapshot_units=1, weight=0)
-    assert g.step([1, 2]) == 0          # 2 pages + its end snapshot: 3 units
-    assert g.step([3, 4]) == 0          # 6 units: full
-    assert g.step([1, 2]) == 2          # resumes at its snapshot
-    assert g.step([5, 6]) == 0          # 9 units: the least recent leaf (3, 4) goes whole
-    assert sorted(g.pages) == [1, 2, 5, 6]
-    assert g.used == 6
-    assert g.step([1, 2, 7]) == 2       # 8 units; its own pages are protected: (5, 6) goes
-    assert sorted(g.pages) == [1, 2, 7] and g.used == 5
-    # the snapshot at 2 is now intermediate (one child, a deeper one at 7): the next
-    # request's room comes from it before any live leaf
-    assert g.step([9]) == 0
-    assert not g.pages[2].snap and g.pages[7].snap and 9 in g.pages
-    assert g.used == 6
+from hicache.tree import CANDIDATES, LRU, Ranked, Value, get_strategy
+from hicache.tree.ghost import GhostCache, page_keys
 
 
-def test_a_branch_point_snapshot_is_never_a_victim_of_its_own():
-    g = GhostCache(capacity_units=12, snapshot_units=1, weight=0)
-    g.step([1, 2])                      # snapshot at 2
-    g.step([1, 2, 3])                   # 2 becomes intermediate ...
-    g.step([1, 2, 4])                   # ... then a branch point (two children)
-    assert g.pages[2].kids == 2 and g.pages[2].snap
-    g.step([9])
-    g.step([8])                         # 6 pages + 5 snapshots = 11; then 13: evict
-    g.step([7])
-    assert g.pages[2].snap              # the leaves below went first
-    assert 3 not in g.pages
+def serve(g: GhostCache, req: object, keys: list, kind: str | None = "prompt_end") -> int:
+    """One request as the engine makes it: lookup, publish its pages (and a snapshot), release."""
+    hit = g.lookup(req, keys)
+    g.publish(req, keys, kind)
+    g.release(req)
+    g.check()
+    return hit
 
 
-def test_a_former_branch_point_snapshot_ranks_with_the_leaves_not_first():
-    g = GhostCache(capacity_units=11, snapshot_units=1, weight=0)
-    g.step([1, 2])                      # snapshot at 2
-    g.step([1, 2, 3])
-    g.step([1, 2, 4])                   # 2 is a branch point
-    g.step([1, 2, 3, 5])                # 3's snapshot is intermediate
-    g.step([9])                         # 6 pages + 5 snapshots = 11 units: full
-    g.step([8])                         # 13: 3's snapshot goes, then the oldest leaf, 4
-    assert 4 not in g.pages and not g.pages[3].snap and g.used == 11 - 1
-    assert g.pages[2].forked and g.pages[2].kids == 1 and g.pages[2].snap
-    assert g.step([1, 2, 3, 5]) == 4    # passes 2 (a touch), resumes at 5
-    g.step([7])                         # 12: the oldest leaf (9) goes, not 2's snapshot
-    assert 9 not in g.pages and g.pages[2].snap and g.used == 10
+def test_hits_stop_at_the_deepest_snapshot_and_the_least_recent_leaf_goes_first():
+    g = GhostCache(LRU(), capacity_units=6, snapshot_units=1)
+    assert serve(g, "a", [1, 2]) == 0          # 2 pages + its end snapshot: 3 units
+    assert serve(g, "b", [3, 4]) == 0          # 6 units: full
+    assert serve(g, "c", [1, 2]) == 2          # resumes at its snapshot
+    assert serve(g, "d", [5, 6]) == 0          # 9 units: (3, 4) is least recent, goes leaf by leaf
+    assert sorted(g.nodes) == [1, 2, 5, 6] and g.used == 6
+    assert g.evicted_pages == 2 and g.evicted_snapshots == 1
 
 
-def test_a_depth_weight_keeps_a_deep_chain_over_a_newer_shallow_one():
-    deep = list(range(100, 130))        # 30 pages
-    for weight, survivor in ((0, "shallow"), (10, "deep")):
-        g = GhostCache(capacity_units=40, snapshot_units=1, weight=weight)
-        g.step(deep)
-        g.step([1, 2])
-        g.step([3, 4, 5, 6, 7, 8, 9])   # 31 + 3 + 8 = 42 units: one chain must go
-        if survivor == "deep":
-            assert deep[-1] in g.pages and 1 not in g.pages
+def test_a_dead_leaf_goes_before_any_live_one_then_the_least_recent():
+    g = GhostCache(LRU(), capacity_units=9, snapshot_units=1)
+    serve(g, "a", [1, 2])                       # 3 units
+    serve(g, "b", [3, 4])                       # 6
+    g.publish("e", [1, 2, 7], None)             # 7: no snapshot at 7, a dead leaf once released
+    g.release("e")
+    serve(g, "f", [8])                          # 9: full
+    serve(g, "g", [9])                          # 11: two units go
+    assert 7 not in g.nodes                     # the dead leaf first, though newer than a's chain
+    assert 2 not in g.nodes and 1 in g.nodes    # then the least recent leaf, 2, with its snapshot
+    assert g.nodes[4].snapshot is not None and g.used == 8
+
+
+def test_a_running_request_pins_its_path_and_its_two_snapshots_only():
+    g = GhostCache(LRU(), capacity_units=7, snapshot_units=1)
+    serve(g, "a", [1])                          # 2 units, snapshot at 1
+    assert g.lookup("r", [1, 2]) == 1           # resumes at 1: path and snapshot pinned
+    g.publish("r", [1, 2], "prefill")           # 4 units; 2's snapshot held as its newest
+    g.publish("r", [1, 2, 3], "prompt_end")     # 6 units; the newest is 3's now, 2's is free
+    serve(g, "b", [9])                          # 8 units: 2's snapshot (unpinned) goes, not a page
+    assert g.nodes[2].snapshot is None and g.nodes[1].snapshot is not None and 9 in g.nodes
+    assert g.used == 7
+    g.release("r")
+    serve(g, "c", [10])                         # 9: now the least recent leaf may go
+    assert 10 in g.nodes and g.used <= 7
+
+
+def test_superseded_first_gives_up_a_snapshot_the_chain_has_moved_past():
+    # conversation A: turn 0 publishes a snapshot at 2; turn 1 resumes there and goes on to
+    # 4. A's snapshot at 2 is superseded; B's (older, never resumed) is not.
+    for strategy, gone in ((LRU(), "B"), (Ranked("s", superseded_first=True), "A2")):
+        g = GhostCache(strategy, capacity_units=13, snapshot_units=2)
+        serve(g, "b0", [21, 22])                # B: 2 + 2
+        serve(g, "a0", [1, 2])                  # A: 2 + 2
+        assert serve(g, "a1", [1, 2, 3, 4]) == 2    # 2 + 2 more = 12
+        serve(g, "c0", [31])                    # 15: 2 units must go
+        if gone == "B":                         # lru: B's leaf and snapshot, oldest
+            assert 22 not in g.nodes and g.nodes[2].snapshot is not None
+        else:                                   # A's superseded snapshot, B untouched
+            assert g.nodes[2].snapshot is None and g.nodes[22].snapshot is not None
+            assert g.nodes[2].snapshot is None and g.nodes[4].snapshot.kind == "prompt_end"
+
+
+def test_idle_tails_go_first_until_a_request_resumes_from_or_passes_them():
+    # A's decode tail was resumed from (A's next turn came back); B's, newer, never was.
+    for name, gone in (("lru", 3), ("reuse-prompt", 13)):
+        g = GhostCache(get_strategy(name), capacity_units=10, snapshot_units=2)
+        serve(g, "a", [1, 2, 3], kind="finish")         # 5 units
+        assert g.lookup("a2", [1, 2, 3, 4]) == 3         # resumes at A's decode end
+        g.release("a2")
+        serve(g, "b", [11, 12, 13], kind="finish")      # 10: full
+        serve(g, "x", [31])                              # 13: three units go
+        kept = 13 if gone == 3 else 3
+        assert gone not in g.nodes                       # its snapshot, then its page (dead by then)
+        assert g.nodes[kept].snapshot is not None and g.used == 10
+    assert g.nodes[3].snapshot.resumed == 1 and g.nodes[3].snapshot.kind == "finish"
+
+
+def test_forks_last_keeps_a_branch_points_snapshot_over_every_leaf():
+    g = GhostCache(get_strategy("reuse"), capacity_units=12, snapshot_units=1)
+    serve(g, "s", [1, 2])                       # a shared prefix, snapshot at 2
+    serve(g, "a", [1, 2, 3])
+    serve(g, "b", [1, 2, 4])                    # 2 is a branch point now
+    assert g.nodes[2].forked and len(g.nodes[2].children) == 2
+    for i, k in enumerate((9, 8, 7)):
+        serve(g, f"x{i}", [k])
+    assert g.nodes[2].snapshot is not None and 3 not in g.nodes
+
+
+def test_a_layout_without_state_resumes_at_any_page():
+    g = GhostCache(LRU(), capacity_units=4, snapshot_units=0, stateless=True)
+    g.publish("a", [1, 2, 3], None)
+    g.release("a")
+    assert g.lookup("b", [1, 2, 9]) == 2 and g.used == 3
+    g.release("b")
+    g.check()
+
+
+def _reference_victim(g: GhostCache):
+    """The victim by a full scan (what the heaps must agree with)."""
+    best = None
+    for node in g.nodes.values():
+        if not node.children and not node.pins:
+            key = ((g.stateless or node.snapshot is not None, g.strategy.node_priority(node)), 0)
+            if best is None or key[0] < best[0][0]:
+                best = (key, node, False)
+        if node.snapshot is not None and not node.spins and not g.stateless:
+            key = ((True, g.strategy.snapshot_priority(node, node.snapshot)), 1)
+            if best is None or key[0] < best[0][0]:
+                best = (key, node, True)
+    return best
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["lookup", "publish", "expect", "release"]),
+                         st.integers(0, 5), st.integers(0, 3), st.integers(1, 6),
+                         st.sampled_from([None, "prefill", "prompt_end", "finish", "branch"])),
+               min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.sampled_from(["lru", "value", "reuse", "reuse-prompt"]), st.integers(4, 30))
+def test_random_events_keep_the_ghost_consistent(ops, name, capacity):
+    strategy = Value() if name == "value" else get_strategy(name)
+    g = GhostCache(strategy, capacity_units=capacity, snapshot_units=2)
+    prefixes = {b: [b * 100 + i for i in range(8)] for b in range(4)}
+    for op, req, branch, depth, kind in ops:
+        keys = prefixes[branch][:depth]
+        if op == "lookup":
+            hit = g.lookup(req, keys)
+            assert 0 <= hit <= depth
+            assert hit == 0 or g.nodes[keys[hit - 1]].snapshot is not None
+        elif op == "publish":
+            g.publish(req, keys, kind)
+            assert all(k in g.nodes for k in keys)          # a publish never evicts its own pages
+            assert kind is None or g.nodes[keys[-1]].snapshot is not None
+        elif op == "expect":
+            g.expect(keys)
         else:
-            assert deep[-1] not in g.pages and 1 in g.pages
+            g.release(req)
+        g.check()
+        # over capacity only while running requests pin what would have to go
+        if g.used > capacity:
+            assert _reference_victim(g) is None or g.used - capacity < 1e-9 or any(n.pins for n in g.nodes.values())
+    for req in range(6):
+        g.release(req)
+    g.check()
+    assert all(n.pins == 0 and n.spins == 0 for n in g.nodes.values())
 
 
-def test_the_tuner_follows_the_ghost_that_hit_most_in_its_window():
-    rng = np.random.default_rng(0)
-    weights, window = (0.0, 10.0, 30.0), 50
-    tuner = DepthTuner(60, 2, weights, window)
-    ghosts = [GhostCache(60, 2, w) for w in weights]
-    hits: list[list[int]] = [[] for _ in weights]
-    convs = {c: [1000 * c] for c in range(12)}
-    for _ in range(400):
-        c = int(rng.integers(12))
-        convs[c] = convs[c] + [convs[c][-1] + 1 + k for k in range(int(rng.integers(1, 4)))]
-        keys = convs[c]
-        for g, h in zip(ghosts, hits):
-            h.append(g.step(keys))
-        tuner.observe(keys)
-        sums = [sum(h[-window:]) for h in hits]
-        best = max(range(len(weights)), key=lambda i: (sums[i], -weights[i]))
-        assert tuner.weight == weights[best]
-
-
-def test_page_keys_name_prefixes():
-    a = np.arange(1024, dtype=np.int32)
-    b = a.copy()
-    b[300] = -1                          # page 1 differs
-    ka, kb = page_keys(a, 256, 4), page_keys(b, 256, 4)
-    assert len(ka) == 4 and ka[0] == kb[0]
-    assert all(x != y for x, y in zip(ka[1:], kb[1:]))   # a changed page changes every key after it
-    assert page_keys(a, 256, 0) == []
-
-
-@pytest.mark.parametrize("bad", [[], [-1], ["x"], [float("inf")], "10", [True]])
-def test_depth_weights_are_checked(bad):
-    from hicache.config import TreeConfig
-    from hicache.errors import ConfigError
-    with pytest.raises(ConfigError, match="depth_weights"):
-        TreeConfig(eviction="value", depth_weights=bad)
-
-
-def test_a_ghost_that_never_evicts_keeps_its_heaps_small():
-    g = GhostCache(capacity_units=10_000, snapshot_units=1, weight=0)
-    for _ in range(2000):
-        g.step([1, 2, 3])                # the same chain again and again: one live leaf
-    assert len(g._leaves) + len(g._inter) + len(g._dead) <= 2 * len(g.pages) + 64
-
-
-def test_used_units_stay_exact_when_keys_come_back_and_the_weight_moves():
-    # A key evicted and inserted again is a new page: a heap entry left from the old one
-    # must not pass for it (it once did, and the ghost's unit count drifted).
+def test_eviction_takes_the_smallest_key_a_full_scan_finds():
     rng = np.random.default_rng(3)
-    g = GhostCache(capacity_units=30, snapshot_units=2.5, weight=0)
-    for i in range(3000):
-        g.weight = (0.0, 5.0)[i % 2]
-        root = int(rng.integers(6))
-        g.step([root * 100 + d for d in range(int(rng.integers(1, 9)))])
-        assert g.used == pytest.approx(len(g.pages) + 2.5 * sum(p.snap for p in g.pages.values()))
+    for name in ("lru", "value", "reuse", "reuse-prompt"):
+        strategy = Value() if name == "value" else get_strategy(name)
+        g = GhostCache(strategy, capacity_units=25, snapshot_units=3)
+        for step in range(400):
+            conv = int(rng.integers(8))
+            keys = [conv * 1000 + i for i in range(int(rng.integers(1, 10)))]
+            req = step
+            g.lookup(req, keys)
+            g.release(req)
+            # the next victim, if the ghost has to evict now, is the scan's smallest
+            expected = _reference_victim(g)
+            before = dict(g.nodes)
+            snaps = {k: n.snapshot for k, n in g.nodes.items()}
+            g.capacity, cap = g.used - 0.5, g.capacity
+            g._evict()
+            g.capacity = cap
+            if expected is not None:
+                _, node, is_snap = expected
+                if is_snap:
+                    assert snaps[node.key] is not None and (node.key not in g.nodes or g.nodes[node.key].snapshot is None)
+                else:
+                    assert node.key in before and node.key not in g.nodes
+            g.publish(req, keys, str(rng.choice(["prompt_end", "finish", "prefill"])))
+            g.release(req)
+            g.check()
+
+
+def test_page_keys_chain_the_prefix():
+    t = np.arange(40, dtype=np.int32)
+    u = t.copy()
+    u[25] = 999                                  # differs in page 2 (tokens 20-29)
+    a, b = page_keys(t, 10, 4), page_keys(u, 10, 4)
+    assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
+    assert page_keys(t, 10, 2) == a[:2] and page_keys(t, 10, 0) == []
+
+
+def test_the_named_candidates_are_ranked_strategies():
+    for name, flags in CANDIDATES.items():
+        s = get_strategy(name)
+        assert isinstance(s, Ranked) and s.name == name
+        assert all(getattr(s, k) == v for k, v in flags.items())

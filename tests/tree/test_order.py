@@ -7,12 +7,11 @@ sequences of tree changes and evictions and compares the two after every step.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hicache.tree import LFU, LRU, RadixTree, Snapshot, Value, device_victims, host_victims, snapshot_victims
+from hicache.tree import (LFU, LRU, RadixTree, Ranked, Snapshot, Value, device_victims, get_strategy, host_victims,
+                          snapshot_victims)
 from hicache.tree.order import LazyHeap
 
 P = 2
@@ -29,15 +28,6 @@ def ids(*v: int) -> np.ndarray:
 # -- the reference ---------------------------------------------------------------------------
 def _snap_busy(s):
     return s is not None and (s.backup_pending or s.put_pending or s.loading)
-
-
-class DeepValue(Value):
-    """Value with a depth weight, under its own name (one order per name)."""
-
-    name = "value-deep"
-
-    def __init__(self):
-        super().__init__(depth_weight=7.0)
 
 
 def ref_device_eligible(n) -> bool:
@@ -68,17 +58,21 @@ def ref_host(tree, strategy) -> list[int]:
 
 
 def ref_snapshot_priority(strategy, n, s) -> tuple:
-    if isinstance(strategy, Value):   # recomputed from the tree: snapshots below n, by a walk
+    if isinstance(strategy, Ranked):   # the documented rules, snapshots below n by a walk
         below, stack = 0, list(n.children.values())
         while stack:
             c = stack.pop()
             below += c.snapshot is not None
             stack.extend(c.children.values())
-        if len(n.children) >= 2:
+        if strategy.forks_last and len(n.children) >= 2:
             return (2, s.last_access)
-        w = strategy.depth_weight
-        return (0 if below and not n.forked else 1,
-                s.last_access + w * math.log(n.depth + 1) if w else s.last_access)
+        used = s.resumed > 0 or s.passed > 0
+        if below and len(n.children) <= 1 and not n.forked and (
+                strategy.intermediate_first or (strategy.superseded_first and used)):
+            return (0, s.last_access)
+        if strategy.idle_tails_first and s.kind == "finish" and not used:
+            return (0, s.last_access)
+        return (1, s.last_access)
     return strategy.priority(s.last_access, 0)
 
 
@@ -214,7 +208,7 @@ def test_host_order_leaves_out_locked_snapshots_and_parents_join_after_children(
 
 # -- random sequences against the reference ------------------------------------------------------
 OPS = st.lists(st.tuples(st.sampled_from(["insert", "insert", "touch", "lock", "unlock", "backup", "shadow",
-                                          "shadow", "shadow", "ticket", "snap", "snapflag", "snaplock",
+                                          "shadow", "shadow", "ticket", "snap", "snap", "snapflag", "snapuse", "snapuse", "snaplock",
                                           "evict_device", "evict_device", "evict_host", "evict_host", "evict_snap",
                                           "split"]),
                          st.lists(st.integers(0, 3), min_size=1, max_size=5), st.integers(0, 1000)),
@@ -272,7 +266,7 @@ def _publish(tree, pages, new_ids):
 @given(seqs=SEQS, ops=OPS, state=st.booleans(), lfu=st.booleans())
 def test_incremental_order_matches_a_fresh_scan(seqs, ops, state, lfu):
     tree = RadixTree(P, needs_snapshots=state)
-    strategies = [LFU() if lfu else LRU(), LRU(), Value(), DeepValue()]
+    strategies = [LFU() if lfu else LRU(), LRU(), Value(), get_strategy("reuse"), get_strategy("reuse-prompt")]
     next_id = [100]
     locked: list = []
 
@@ -312,8 +306,20 @@ def test_incremental_order_matches_a_fresh_scan(seqs, ops, state, lfu):
             node.snapshot = None if node.snapshot is not None and r % 3 == 0 else Snapshot(
                 device_id=r if r % 2 else None, host_id=None if r % 2 else r, last_access=tree.tick())
         elif op == "snapflag" and node is not None and node.snapshot is not None:
-            field = ("backup_pending", "put_pending", "loading", "last_access")[r % 4]
-            setattr(node.snapshot, field, tree.tick() if field == "last_access" else not getattr(node.snapshot, field))
+            field = ("backup_pending", "put_pending", "loading", "last_access", "resumed", "passed", "kind")[r % 7]
+            if field == "last_access":
+                value: object = tree.tick()
+            elif field in ("resumed", "passed"):
+                value = getattr(node.snapshot, field) + 1        # what a lease's lookup writes
+            elif field == "kind":
+                value = "finish" if node.snapshot.kind != "finish" else "prompt_end"
+            else:
+                value = not getattr(node.snapshot, field)
+            setattr(node.snapshot, field, value)
+        elif op == "snapuse" and node is not None and node.snapshot is not None:
+            # what a lease's lookup writes (resumed here / passed on the way deeper), or a kind
+            field = ("resumed", "passed", "kind")[r % 3]
+            setattr(node.snapshot, field, "finish" if field == "kind" else getattr(node.snapshot, field) + 1)
         elif op == "snaplock" and node is not None and node.snapshot is not None:
             node.snapshot.lock = 1 - min(node.snapshot.lock, 1)
         elif op == "evict_device":
@@ -334,3 +340,26 @@ def test_incremental_order_matches_a_fresh_scan(seqs, ops, state, lfu):
             tree.split(node, 1 + r % (node.num_pages - 1))
         locked = [n for n in locked if n.parent is not None]
         _check(tree, strategies)
+
+
+def test_the_reuse_rules_rank_by_what_requests_were_seen_to_use():
+    """reuse: a snapshot the chain moved past (resumed from or passed, a deeper one below on
+    its only path) goes before an older one that is the end of its path; reuse-prompt also
+    puts a decode's end that no request used first. The order follows each observation."""
+    tree = RadixTree(P, needs_snapshots=True)
+    reuse, prompt = get_strategy("reuse"), get_strategy("reuse-prompt")
+    old = tree.insert(toks(7), ids(0)).last                      # another chain, the oldest
+    old.snapshot = Snapshot(device_id=0, last_access=tree.tick())
+    a = tree.insert(toks(1, 2), ids(1, 2)).last
+    a.snapshot = Snapshot(device_id=1, last_access=tree.tick(), kind="prompt_end")
+    b = tree.insert(toks(1, 2, 3), ids(3), start=a).last
+    b.snapshot = Snapshot(device_id=2, last_access=tree.tick(), kind="finish")
+    victims = lambda s: [n.node_id for n, _ in snapshot_victims(tree, s, "device")]  # noqa: E731
+    assert victims(reuse) == [old.node_id, a.node_id, b.node_id]        # nothing used: recency
+    assert victims(prompt) == [b.node_id, old.node_id, a.node_id]       # an idle decode end first
+    a.snapshot.passed += 1                                              # a request went on past a
+    assert victims(reuse) == [a.node_id, old.node_id, b.node_id]
+    assert victims(prompt)[:2] == [a.node_id, b.node_id] or victims(prompt)[:2] == [b.node_id, a.node_id]
+    b.snapshot.resumed += 1                                             # the decode's end was used
+    assert victims(prompt) == [a.node_id, old.node_id, b.node_id]
+    tree.check_integrity()

@@ -1,0 +1,137 @@
+"""Choosing the eviction policy online: ghosts of whole candidate policies, the best lately wins.
+
+The cache follows one candidate at a time (its strategy ranks every victim of the real
+tree). Every candidate, the followed one included, also runs in a ghost
+(:mod:`hicache.tree.ghost`) fed the real cache's events, and after each lookup the
+selector compares the candidates' ghost hits over the last ``window`` lookups::
+
+    lookup i:  ghost c resumes h_c(i) pages            (every candidate c)
+    score_c  = sum of h_c over the last `window` lookups
+    follow     argmax score_c, if it beats the followed one's score by more than
+               `margin` of the window's looked-up pages (hysteresis: a switch rebuilds
+               the real order, and two candidates that tie should not flap);
+               ties go to the earlier candidate in the list (plain LRU first)
+
+Why this has LRU as its floor. Plain LRU is a candidate and its ghost is fed the same
+events as the cache, so over any window the followed policy's ghost hit at least as much as
+LRU's ghost, less the margin, and the cost of having switched: after a switch the real
+cache holds what the *previous* policy kept, and converges to the new policy's contents
+within about one turnover of the cache. ``regret`` counts, window by window, the ghost hits
+of the window's best candidate minus those of the candidate followed at each lookup -- the
+price of choosing online rather than knowing the best policy in advance -- so a run shows
+how close to the best it stayed. How
+well the ghost of the followed candidate predicts the real cache is measured too
+(``ghost_hits`` against the real hits the caller reports).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Hashable, Sequence
+
+from hicache.tree.ghost import GhostCache
+
+if TYPE_CHECKING:
+    from hicache.tree.eviction import EvictionStrategy
+
+
+@dataclass(frozen=True)
+class SelectorStats:
+    """What the selector saw (pages: whole pages looked up / resumed, summed over lookups)."""
+
+    followed: str                   # the candidate the cache follows now
+    switches: int
+    lookups: int
+    looked_up_pages: int
+    ghost_hit_pages: dict[str, int]  # per candidate, over every lookup
+    regret_pages: int                # per window: the best candidate's ghost hits - the followed ones'
+    followed_hit_pages: int          # each lookup's ghost hits under the candidate followed at it
+    window: int
+
+
+class PolicySelector:
+    """Runs one ghost per candidate and names the one to follow (module docstring)."""
+
+    def __init__(self, candidates: Sequence["EvictionStrategy"], capacity_units: float, snapshot_units: float, *,
+                 stateless: bool = False, window: int = 300, margin: float = 0.01):
+        assert candidates, "at least one candidate"
+        names = [c.name for c in candidates]
+        assert len(set(names)) == len(names), f"candidate names must differ: {names}"
+        self.candidates = tuple(candidates)
+        self.ghosts = [GhostCache(c, capacity_units, snapshot_units, stateless=stateless) for c in candidates]
+        self.window = window
+        self.margin = margin
+        self.followed = 0
+        self.switches = 0
+        self.lookups = 0
+        self.looked_up_pages = 0
+        self.total = [0] * len(candidates)
+        self.regret_pages = 0
+        self.followed_hit_pages = 0
+        self._recent: deque[tuple[int, ...]] = deque()
+        self._recent_pages: deque[int] = deque()
+        self._sums = [0] * len(candidates)
+        self._pages_sum = 0
+        self._since = 0           # lookups since the last regret tally
+        self._followed_hits = 0   # since then: each lookup's ghost hits under the candidate followed at it
+
+    @property
+    def strategy(self) -> "EvictionStrategy":
+        return self.candidates[self.followed]
+
+    # -- events (the real cache's, in its order) ---------------------------------------------
+    def lookup(self, request: object, keys: Sequence[Hashable]) -> bool:
+        """A lease opened for ``keys``; True when the followed candidate changed."""
+        hits = tuple(g.lookup(request, keys) for g in self.ghosts)
+        self._followed_hits += hits[self.followed]
+        self.followed_hit_pages += hits[self.followed]
+        n = len(keys)
+        self.lookups += 1
+        self.looked_up_pages += n
+        for i, h in enumerate(hits):
+            self.total[i] += h
+            self._sums[i] += h
+        self._pages_sum += n
+        self._recent.append(hits)
+        self._recent_pages.append(n)
+        if len(self._recent) > self.window:
+            old = self._recent.popleft()
+            for i, h in enumerate(old):
+                self._sums[i] -= h
+            self._pages_sum -= self._recent_pages.popleft()
+        self._since += 1
+        if self._since >= self.window:   # one regret tally per window of lookups
+            self._since = 0
+            self.regret_pages += max(max(self._sums) - self._followed_hits, 0)
+            self._followed_hits = 0
+        return self._choose()
+
+    def _choose(self) -> bool:
+        best = max(range(len(self.ghosts)), key=lambda i: (self._sums[i], -i))
+        if best == self.followed:
+            return False
+        if self._sums[best] - self._sums[self.followed] <= self.margin * self._pages_sum:
+            return False
+        self.followed = best
+        self.switches += 1
+        return True
+
+    def publish(self, request: object, keys: Sequence[Hashable], kind: str | None) -> None:
+        for g in self.ghosts:
+            g.publish(request, keys, kind)
+
+    def expect(self, keys: Sequence[Hashable]) -> None:
+        for g in self.ghosts:
+            g.expect(keys)
+
+    def release(self, request: object) -> None:
+        for g in self.ghosts:
+            g.release(request)
+
+    def stats(self) -> SelectorStats:
+        return SelectorStats(followed=self.strategy.name, switches=self.switches, lookups=self.lookups,
+                             looked_up_pages=self.looked_up_pages,
+                             ghost_hit_pages={c.name: t for c, t in zip(self.candidates, self.total)},
+                             regret_pages=self.regret_pages, followed_hit_pages=self.followed_hit_pages,
+                             window=self.window)

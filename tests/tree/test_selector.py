@@ -1,0 +1,107 @@
+"""Choosing the eviction policy online (hicache.tree.selector)."""
+
+import numpy as np
+import pytest
+
+from hicache.tree import LRU, GhostCache, PolicySelector, Ranked, get_strategy
+
+
+class Never(Ranked):
+    """A candidate whose ghost never hits: it evicts what was just published first."""
+
+    def __init__(self):
+        super().__init__("never")
+
+    def node_priority(self, node):
+        return (1, -node.last_access)
+
+    def snapshot_priority(self, node, snap):
+        return (0, -snap.last_access)
+
+
+def turn(chains: dict, rng, i: int) -> list[int]:
+    """The next request of multi-turn traffic: one of the live conversations continues by
+    1-3 pages (the most recent ones likelier), or ends and a new one starts."""
+    c = min(int(rng.geometric(0.35)) - 1, len(chains) - 1)
+    key = list(chains)[-1 - c]
+    if len(chains[key]) > 12:
+        del chains[key]
+        key = 1_000_000 * (i + 1)
+        chains[key] = [key]
+    chain = chains.pop(key)
+    chain = chain + [chain[-1] + 1 + k for k in range(int(rng.integers(1, 4)))]
+    chains[key] = chain            # most recent last
+    return chain
+
+
+def drive(sel: PolicySelector, rng, steps: int, convs: int = 6) -> list[bool]:
+    chains = {c * 10_000: [c * 10_000] for c in range(convs)}
+    switched = []
+    for i in range(steps):
+        keys = turn(chains, rng, i)
+        switched.append(sel.lookup(i, keys))
+        sel.publish(i, keys, "prompt_end")
+        sel.release(i)
+    return switched
+
+
+def test_it_follows_the_candidate_whose_ghost_hit_most_and_counts_the_regret():
+    rng = np.random.default_rng(0)
+    sel = PolicySelector([Never(), LRU()], capacity_units=40, snapshot_units=2, window=40, margin=0.05)
+    assert sel.strategy.name == "never"          # the first candidate until the ghosts speak
+    switched = drive(sel, rng, 400)
+    st = sel.stats()
+    assert sel.strategy.name == "lru" and st.followed == "lru"
+    assert switched.index(True) < 40 and st.switches == 1
+    assert st.ghost_hit_pages["lru"] > 1.2 * st.ghost_hit_pages["never"]
+    # regret: per window, the best ghost's hits less those of the candidate followed at
+    # each lookup (the lookups before the switch followed "never"); the windows' best is
+    # at least lru, so it is at least what following lru all along would have added
+    assert st.followed_hit_pages < st.ghost_hit_pages["lru"]
+    assert st.regret_pages >= st.ghost_hit_pages["lru"] - st.followed_hit_pages > 0
+    assert st.regret_pages < 0.02 * st.followed_hit_pages
+    assert st.lookups == 400 and st.window == 40
+
+
+def test_the_margin_keeps_a_close_second_from_switching():
+    rng = np.random.default_rng(1)
+    twin = Ranked("lru-twin")                    # ranks exactly as LRU: the same hits
+    sel = PolicySelector([LRU(), twin], capacity_units=30, snapshot_units=2, window=50, margin=0.0)
+    drive(sel, rng, 300)
+    assert sel.switches == 0 and sel.strategy.name == "lru"   # ties go to the earlier candidate
+    st = sel.stats()
+    assert st.ghost_hit_pages["lru"] == st.ghost_hit_pages["lru-twin"] and st.regret_pages == 0
+
+
+def test_a_switch_needs_a_lead_larger_than_the_margin():
+    rng = np.random.default_rng(2)
+    lazy = PolicySelector([Never(), LRU()], capacity_units=40, snapshot_units=2, window=20, margin=1.0)
+    drive(lazy, rng, 100)
+    assert lazy.switches == 0 and lazy.strategy.name == "never"   # no lead exceeds every page looked up
+
+
+def test_candidates_must_be_named_apart():
+    with pytest.raises(AssertionError):
+        PolicySelector([LRU(), LRU()], capacity_units=10, snapshot_units=1)
+
+
+def test_a_ghost_following_the_selector_stays_near_the_best_candidate():
+    """The floor the selector gives, on traffic where one candidate is far better than
+    another: a ghost that follows the selector's choice hits within a few percent of the
+    best candidate's ghost (the cost of the first window and of converging after a switch)."""
+    rng = np.random.default_rng(4)
+    sel = PolicySelector([Never(), get_strategy("reuse"), LRU()], capacity_units=60, snapshot_units=3,
+                         window=30, margin=0.01)
+    follower = GhostCache(sel.strategy, 60, 3)
+    chains = {c * 10_000: [c * 10_000] for c in range(8)}
+    hits = 0
+    for i in range(600):
+        keys = turn(chains, rng, i)
+        hits += follower.lookup(i, keys)
+        if sel.lookup(i, keys):
+            follower.reorder(sel.strategy)
+        for g in (sel, follower):
+            g.publish(i, keys, "prompt_end")
+            g.release(i)
+    best = max(sel.stats().ghost_hit_pages.values())
+    assert hits >= 0.95 * best and sel.strategy.name != "never"
