@@ -73,8 +73,8 @@ class MixSpec:
     weights: tuple[float, float, float, float] = (0.35, 0.25, 0.15, 0.25)
     arrival_process: str = "bursty"
     arrival_rate: float = 0.3
-    burst_on_s: float = 60.0
-    burst_off_s: float = 180.0
+    burst_on_s: float = 15.0
+    burst_off_s: float = 45.0
     max_prompt_tokens: int = MAX_PROMPT
     chat: SyntheticSpec = field(default_factory=lambda: SyntheticSpec(
         turns=(2, 8), system_prompts=1, system_len=0, document_len=CONTEXT_LEN, max_prompt_tokens=MAX_PROMPT,
