@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from hicache.engine.workloads import (DEFAULT_SYSTEM_PROMPT, FAMILIES, PRESETS, build_family, read_trace, sharegpt,
                                       summarize, synthetic, write_production_trace, write_trace)
@@ -26,7 +27,10 @@ DEFAULT_CONVERSATIONS, DEFAULT_REQUESTS = 100, 12_000
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Build a replay workload and describe it.")
+    rows = "\n".join(f"  {f.name:<15} N = {f.unit:<13} resumes {f.resumes}" for f in FAMILIES.values())
+    p = argparse.ArgumentParser(prog=PROG, description="Build a replay workload and describe it.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=f"families (docs/workloads.md, 'Trace families'):\n{rows}")
     p.add_argument("workload", choices=["synthetic", "trace", *sorted(FAMILIES)],
                    help="a family (see docs/workloads.md), 'synthetic' with --preset, or 'trace' with --trace")
     p.add_argument("--conversations", type=int, default=None,
@@ -64,6 +68,8 @@ def _check_sizes(args: argparse.Namespace) -> None:
                               f"production counts reuse in trace blocks: it must equal --block-size ({args.block_size})")
     elif args.requests is not None:
         raise ConfigError("--requests", args.requests, "only for production; other workloads count --conversations")
+    if args.write_trace and not Path(args.write_trace).resolve().parent.is_dir():
+        raise ConfigError("--write-trace", args.write_trace, "its directory does not exist")
     if args.no_system_prompt and args.workload != "sharegpt":
         raise ConfigError("--no-system-prompt", True, "only for sharegpt (sharegpt-nosys implies it)")
 

@@ -121,7 +121,8 @@ def test_cli_writes_and_refuses(tmp_path, capsys):
     assert report["trace_written"]["records"] == 300 == len(lines(out))
     assert report["stats"]["page_tokens"] == 512
     for argv in (["production", "--conversations", "5"], ["rag", "--requests", "5"],
-                 ["production", "--requests", "0"], ["production", "--page-tokens", "64"]):
+                 ["production", "--requests", "0"], ["production", "--page-tokens", "64"],
+                 ["production", "--write-trace", str(tmp_path / "absent" / "p.jsonl")]):
         assert workloads_main(argv) == 2
         err = capsys.readouterr().err
         assert len([line for line in err.splitlines() if "error:" in line]) == 1 and "Traceback" not in err
