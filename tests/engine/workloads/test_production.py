@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from hicache.engine.workloads import (ProductionSpec, production, production_records, read_trace, summarize,
@@ -93,6 +92,22 @@ def test_read_back_and_simulator_agree(trace):
     parsed = sim_trace.parse_trace_file(path)
     assert (parsed.request_count, parsed.total_input_tokens, parsed.unique_raw_blocks, parsed.skipped_records) == \
         (1500, written.stats.prompt_tokens, written.unique_blocks, 0)
+
+
+def test_kvcache_simulator_runs_on_it_and_counts_our_ceiling(trace, tmp_path):
+    cli = pytest.importorskip("kvcache_sim.cli")
+    path, _ = trace
+    dump = tmp_path / "sim.json"
+    assert cli.main(["run", "--trace", str(path), "--model", "deepseek-v4-flash", "--budgets-gib", "0.25",
+                     "--policies", "lru", "--format", "json", "--no-progress", "--output", str(dump)]) == 0
+    out = json.loads(dump.read_text())
+    # its ceiling is over the last half of the requests; no prompt here is all seen blocks,
+    # so its whole-block count and ours (one token short of each prompt) agree exactly
+    recs = list(production_records(1500, 0))[750:]
+    assert out["hitRateCeiling"] == pytest.approx(sum(r.reusable_tokens for r in recs) /
+                                                  sum(r.input_length for r in recs), abs=1e-12)
+    (point,) = out["points"]
+    assert 0 < point["results"]["lru"]["hitRate"] < out["hitRateCeiling"]
 
 
 def test_block_size_512_and_full_blocks_only(tmp_path, trace):
