@@ -1,10 +1,14 @@
 """``hicache replay``: real multi-turn traffic through the reference engine, every tier live.
 
-    hicache replay [--config PATH] [--workload synthetic|sharegpt|long-context|long-revisit|agentic | --trace FILE]
+    hicache replay [--config PATH] [--workload NAME | --trace FILE]
                    [--conversations N] [--seed S] [--storage URL] [--device-gib X] [--host-gib Y]
                    [--verify full|sample|off] [clock flags] [--json] [--plot FILE.png]
                    [--requests-out FILE.jsonl] [--metrics-out FILE.prom]
 
+``NAME`` is ``synthetic`` (the chat preset) or a workload family (:data:`WORKLOADS`,
+``hicache.engine.workloads.FAMILIES``: multi-turn, chat, long-context, long-revisit, agentic,
+sharegpt, sharegpt-nosys, reasoning, rag, mix, mix-poisson, production); ``--conversations``
+counts the family's units (tasks for agentic, sessions for rag, requests for production).
 The default workload is the ``multi-turn`` synthetic preset, 60 conversations. With no
 ``--config`` it runs the main job: the DeepSeek-V4-Flash layout with budgets sized to that
 workload (:data:`MAIN_BUDGETS`) so that device, host and L3 each serve hits under the
@@ -34,7 +38,12 @@ DEFAULT_WORKLOAD, DEFAULT_CONVERSATIONS = "multi-turn", 60
 # The host is smaller than the device because write_through_selective backs up only pages
 # hit twice: a larger host never fills, so L3 would never serve.
 MAIN_BUDGETS = {"device_gib": 0.5, "host_gib": 0.25, "state_share": 0.6}
-WORKLOADS = ("multi-turn", "synthetic", "sharegpt", "long-context", "long-revisit", "agentic")
+# Every family of hicache.engine.workloads.FAMILIES, plus "synthetic" (= chat); a literal so
+# that building the parser imports no numpy (tests/cli/test_replay_cmd.py checks it is complete).
+WORKLOADS = ("multi-turn", "synthetic", "chat", "sharegpt", "sharegpt-nosys", "long-context", "long-revisit",
+             "agentic", "reasoning", "rag", "mix", "mix-poisson", "production")
+CONVERSATIONS_HELP = ("conversations; tasks for agentic, sessions for rag, units for mix, requests for production "
+                      f"(default {DEFAULT_CONVERSATIONS}")
 CLOCK_FLAGS = (("prefill_tps", "prefill_tokens_per_s", 1.0), ("decode_step_ms", "decode_step_s", 1e-3),
                ("h2d_gbps", "h2d_gbps", 1.0), ("d2h_gbps", "d2h_gbps", 1.0), ("l3_gbps", "l3_gbps", 1.0),
                ("l3_rtt_ms", "l3_rtt_s", 1e-3))
@@ -115,7 +124,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "serving loop that embeds HiCache, with every tier live, on a virtual "
                                    "clock, and report reuse per tier against the ceiling, time to first "
                                    "token with and without the cache, bytes moved and byte checks.")
-    add_source_args(p, conversations_help=f"conversations, tasks for agentic (default {DEFAULT_CONVERSATIONS}; tiny: 6)")
+    add_source_args(p, conversations_help=CONVERSATIONS_HELP + "; tiny: 6)")
     p.add_argument("--model", choices=["synthetic", "tiny"], default="synthetic",
                    help="page contents: synthetic bytes (default) or the tiny DeepSeek-V4-style model")
     p.add_argument("--device-gib", type=float, help="device (L1) budget in GiB")
@@ -219,13 +228,8 @@ def load_requests(args: argparse.Namespace) -> Workload:
     if args.trace:
         loaded = workloads.read_trace(args.trace)
         return Workload(loaded.requests, loaded.info(), Path(args.trace).name)
-    if args.workload == "sharegpt":
-        return Workload(workloads.sharegpt(conversations=n, seed=args.seed), {}, f"sharegpt x{n}")
-    if args.workload in ("long-context", "long-revisit", "agentic"):
-        return Workload(workloads.synthetic(conversations=n, seed=args.seed, preset=args.workload), {},
-                        f"{args.workload} x{n}")
-    preset = "chat" if args.workload == "synthetic" else args.workload
-    return Workload(workloads.synthetic(conversations=n, seed=args.seed, preset=preset), {}, f"{preset} x{n}")
+    name = "chat" if args.workload == "synthetic" else args.workload
+    return Workload(workloads.build_family(name, n, args.seed), {}, f"{name} x{n}")
 
 
 def replay_once(layout, cfg, ecfg, work: Workload, progress, metrics_out: str | None = None,

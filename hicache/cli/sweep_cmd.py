@@ -34,8 +34,8 @@ from pathlib import Path
 
 from hicache.cli.common import check_output, parse_positive_list, print_json
 from hicache.cli.progress import Progress
-from hicache.cli.replay_cmd import (Workload, add_cache_args, add_engine_args, add_source_args, budget_overrides,
-                                    engine_config, load_cache_config, load_requests, replay_once)
+from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, Workload, add_cache_args, add_engine_args, add_source_args,
+                                    budget_overrides, engine_config, load_cache_config, load_requests, replay_once)
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
 
@@ -51,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sweep", help="replay the same requests at several host budgets, beside kvcache-simulator",
                        description="Replay one workload or trace at each host budget and compare the hit rate "
                                    "with kvcache-simulator's LRU and optimal policies at the same bytes.")
-    add_source_args(p, conversations_help="conversations, tasks for agentic (default 60)")
+    add_source_args(p, conversations_help=CONVERSATIONS_HELP + ")")
     p.add_argument("--device-gib", type=float, required=True, help="device (L1) budget in GiB, every point")
     p.add_argument("--host-gib", required=True, metavar="A,B,C", help="host (L2) budgets in GiB, one point each")
     add_cache_args(p)

@@ -88,6 +88,12 @@ class AgenticSpec:
     def arrivals(self) -> ArrivalSpec:
         return ArrivalSpec(self.arrival_rate, self.think_time_s, None)
 
+    def longest_prompt(self) -> int:
+        """The longest prompt the spec can produce (the last step of the longest rollout)."""
+        k = self.steps[1]
+        return (3 + self.system_len[1]) + (3 + self.task_len[1]) + (k - 1) * (self.call_len[1] + 1) \
+            + (k - 1) * (self.result_len[1] + 3)
+
 
 def _text(rng: np.random.Generator, n: int, vocab: int, head: int | None = None) -> np.ndarray:
     """``n`` random text ids; the first is ``head`` when given (a branch's distinct start)."""
@@ -141,14 +147,31 @@ def _task(spec: AgenticSpec, seed: int, t: int, prompts: list[np.ndarray], task_
     return out
 
 
+def rollout_offsets(spec: AgenticSpec, seed: int, t: int, rollouts: int) -> list[float]:
+    """When task ``t``'s rollouts start, from the task's start: within the spread, the first at 0."""
+    spread = stream(seed, "arrivals", "spread", t).uniform(0.0, spec.rollout_spread_s, size=rollouts)
+    spread[:1] = 0.0  # the first rollout arrives with its task
+    return [float(x) for x in spread]
+
+
+def task_unit(spec: AgenticSpec, seed: int, t: int, prompts: list[np.ndarray],
+              task_head_offset: int) -> list[tuple[Conversation, float]]:
+    """Task ``t``'s rollouts with their start offsets (a unit of the ``mix`` workload)."""
+    rollouts = _task(spec, seed, t, prompts, task_head_offset)
+    return list(zip(rollouts, rollout_offsets(spec, seed, t, len(rollouts))))
+
+
+def task_head_offset(spec: AgenticSpec, seed: int) -> int:
+    """The seed's offset of task heads (task t's first text token is a function of t + it)."""
+    return int(stream(seed, "agentic", "task-heads").integers(spec.text_ids))
+
+
 def _starts(spec: AgenticSpec, seed: int, groups: list[int]) -> list[float]:
     """Start time of every rollout: tasks Poisson, a task's rollouts within the spread."""
     task_starts = poisson_starts(len(groups), spec.arrival_rate, seed)
     out = []
     for t, g in enumerate(groups):
-        spread = stream(seed, "arrivals", "spread", t).uniform(0.0, spec.rollout_spread_s, size=g)
-        spread[:1] = 0.0  # the first rollout arrives with its task
-        out += [float(task_starts[t] + x) for x in spread]
+        out += [float(task_starts[t] + x) for x in rollout_offsets(spec, seed, t, g)]
     return out
 
 
@@ -165,7 +188,7 @@ def agentic(tasks: int = 100, seed: int = 0, *, spec: AgenticSpec | None = None)
         raise ConfigError("conversations", tasks, f"agentic tasks cannot exceed {spec.text_ids} "
                                                   "(their first tokens are distinct)")
     prompts = agent_prompts(spec, seed)
-    offset = int(stream(seed, "agentic", "task-heads").integers(spec.text_ids))
+    offset = task_head_offset(spec, seed)
     convs: list[Conversation] = []
     groups = []
     for t in range(tasks):

@@ -34,10 +34,12 @@ class Request:
     """One turn of one conversation, as the engine receives it.
 
     ``prompt`` and ``output`` are read-only int32 arrays. For multi-turn workloads built
-    here (synthetic, ShareGPT), turn k+1's prompt starts with turn k's ``prompt + output``
-    exactly; requests loaded from a trace carry synthetic outputs that later prompts do not
-    contain (a trace records only prompt blocks). ``source_line`` is the trace line a
-    request was read from (None for built workloads).
+    here (synthetic, ShareGPT, agentic, RAG follow-ups), turn k+1's prompt starts with turn
+    k's ``prompt + output`` exactly; in the reasoning workload it starts with turn k's
+    ``prompt`` only (the output opens with thinking that later prompts drop). Requests
+    loaded from a trace carry synthetic outputs that later prompts do not contain (a trace
+    records only prompt blocks), except along linked turns. ``source_line`` is the trace
+    line a request was read from (None for built workloads).
     """
 
     request_id: int
@@ -72,11 +74,18 @@ class Request:
 @dataclass(frozen=True)
 class Conversation:
     """A conversation before scheduling: its token buffer and, per turn, where the prompt
-    ends and where the output ends (``prompt = tokens[:p]``, ``output = tokens[p:o]``)."""
+    ends and where the output ends (``prompt = tokens[:p]``, ``output = tokens[p:o]``).
+
+    ``decoded``: per turn, what the engine decodes when it is more than ``tokens[p:o]``: a
+    reasoning model's ``<think> ... </think>`` followed by ``tokens[p:o]`` (the answer,
+    which is all that later prompts keep). The output is then ``decoded[k]``, and turn k+1
+    shares turn k's prompt but not the start of its output.
+    """
 
     conversation_id: str
     tokens: np.ndarray
     turns: tuple[tuple[int, int], ...]
+    decoded: tuple[np.ndarray, ...] | None = None
 
     def __post_init__(self) -> None:
         self.tokens.flags.writeable = False
@@ -85,6 +94,17 @@ class Conversation:
             assert 0 < p < o <= len(self.tokens) and p >= prev, \
                 f"{self.conversation_id}: turn offsets {self.turns} out of order"
             prev = o
+        if self.decoded is not None:
+            assert len(self.decoded) == len(self.turns), f"{self.conversation_id}: one decoded output per turn"
+            for (p, o), out in zip(self.turns, self.decoded):
+                out.flags.writeable = False
+                assert len(out) >= o - p and np.array_equal(out[len(out) - (o - p):], self.tokens[p:o]), \
+                    f"{self.conversation_id}: a decoded output must end with the kept answer"
+
+    def output(self, k: int) -> np.ndarray:
+        """Turn ``k``'s output: what the engine decodes."""
+        p, o = self.turns[k]
+        return self.tokens[p:o] if self.decoded is None else self.decoded[k]
 
 
 @dataclass(frozen=True)
@@ -114,12 +134,42 @@ def poisson_starts(n: int, rate: float | None, seed: int) -> np.ndarray:
     return np.cumsum(gaps)
 
 
+def bursty_starts(n: int, rate: float, on_s: float, off_s: float, seed: int) -> np.ndarray:
+    """``n`` start times of an on/off (interrupted Poisson) process whose long-run rate is
+    ``rate`` per second, the first at 0.
+
+    The source alternates between ON periods (exponential, mean ``on_s``), in which starts
+    come as a Poisson process of ``rate * (on_s + off_s) / on_s``, and silent OFF periods
+    (exponential, mean ``off_s``). Over many periods the count matches a Poisson process of
+    ``rate``, but it comes in bursts: the gaps' coefficient of variation exceeds 1 (a
+    Poisson process has exactly 1), so a burst of new prefixes arrives while the previous
+    burst's are still warm, then nothing for a while.
+    """
+    rng = stream(seed, "arrivals", "bursty")
+    on_rate = rate * (on_s + off_s) / on_s
+    out = np.empty(n)
+    t, i = 0.0, 0
+    while i < n:
+        end = t + float(rng.exponential(on_s))
+        first = i == 0
+        while i < n:
+            t_next = t if first else t + float(rng.exponential(1.0 / on_rate))
+            first = False
+            if t_next > end:
+                break
+            out[i], t, i = t_next, t_next, i + 1
+        t = end + float(rng.exponential(off_s))
+    return out
+
+
 def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed: int, *,
-             starts: Sequence[float] | None = None) -> list[Request]:
+             starts: Sequence[float] | None = None, think_s: Sequence[float] | None = None) -> list[Request]:
     """Arrival times for every turn, then one request per turn sorted by arrival.
 
     ``starts``: the conversations' start times, when the caller groups them (the agentic
     workload starts a task's rollouts together); ``arrivals.arrival_rate`` is then unused.
+    ``think_s``: per conversation, the mean time between its turns (a blend of workloads
+    whose users think at different paces); ``arrivals.think_time_s`` otherwise.
     Ties sort by conversation order then turn, so turn k always precedes turn k+1.
     """
     n = len(conversations)
@@ -128,6 +178,8 @@ def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed:
         start_s = np.asarray(starts, dtype=np.float64)
     else:
         start_s = poisson_starts(n, arrivals.arrival_rate, seed)
+    if think_s is not None:
+        assert len(think_s) == n, f"{len(think_s)} think times for {n} conversations"
     closing: list[float] = []  # heap of the times active conversations close
     timed: list[tuple[float, int, int]] = []
     for ci, conv in enumerate(conversations):
@@ -136,8 +188,9 @@ def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed:
             start = max(start, heapq.heappop(closing))
         # one stream per conversation: its think times do not depend on the others' turns
         think = np.zeros(len(conv.turns))
-        if arrivals.think_time_s > 0:
-            think = stream(seed, "arrivals", "think", ci).exponential(arrivals.think_time_s, size=len(think))
+        mean_think = arrivals.think_time_s if think_s is None else float(think_s[ci])
+        if mean_think > 0:
+            think = stream(seed, "arrivals", "think", ci).exponential(mean_think, size=len(think))
         t = start
         for k in range(len(conv.turns)):
             timed.append((t, ci, k))
@@ -148,8 +201,7 @@ def schedule(conversations: Sequence[Conversation], arrivals: ArrivalSpec, seed:
     out = []
     for rid, (t, ci, k) in enumerate(timed):
         conv = conversations[ci]
-        p, o = conv.turns[k]
-        out.append(Request(rid, conv.conversation_id, k, t, conv.tokens[:p], conv.tokens[p:o]))
+        out.append(Request(rid, conv.conversation_id, k, t, conv.tokens[:conv.turns[k][0]], conv.output(k)))
     return out
 
 

@@ -22,8 +22,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from hicache.engine.workloads._checks import Range, check_int as _check_int, check_range as _check_range
-from hicache.engine.workloads._checks import draw as _draw
+from hicache.engine.workloads._checks import LogNormal, Range, check_int as _check_int, check_length
+from hicache.engine.workloads._checks import check_range as _check_range, draw as _draw, high
 from hicache.engine.workloads._random import counter_tokens, stable_u64, stream
 from hicache.engine.workloads.agentic import AgenticSpec, agentic
 from hicache.engine.workloads.request import ArrivalSpec, Conversation, Request, schedule
@@ -38,7 +38,8 @@ class SyntheticSpec:
     """Shape of a synthetic workload. Ranges are inclusive ``(low, high)`` token counts.
 
     ``documents``: number of distinct documents (None: one per conversation); only used
-    with ``document_len``. ``max_prompt_tokens``: later turns whose prompt would exceed it
+    with ``document_len`` (a range, or a :class:`LogNormal` for heavy-tailed contexts, as
+    the ``mix`` workload's chat). ``max_prompt_tokens``: later turns whose prompt would exceed it
     are dropped; the first turn must always fit.
     """
 
@@ -47,7 +48,7 @@ class SyntheticSpec:
     system_len: int = 1024
     user_len: Range = (32, 512)
     output_len: Range = (64, 512)
-    document_len: Range | None = None
+    document_len: Range | LogNormal | None = None
     documents: int | None = None
     max_prompt_tokens: int | None = None
     vocab_size: int = DEFAULT_VOCAB
@@ -60,7 +61,7 @@ class SyntheticSpec:
         object.__setattr__(self, "user_len", _check_range("user_len", self.user_len, 0))
         object.__setattr__(self, "output_len", _check_range("output_len", self.output_len, 0))
         if self.document_len is not None:
-            object.__setattr__(self, "document_len", _check_range("document_len", self.document_len, 1))
+            object.__setattr__(self, "document_len", check_length("document_len", self.document_len, 1))
         _check_int("system_prompts", self.system_prompts, 1)
         _check_int("system_len", self.system_len, 0)
         _check_int("documents", self.documents, 1, optional=True)
@@ -77,7 +78,7 @@ class SyntheticSpec:
         return ArrivalSpec(self.arrival_rate, self.think_time_s, self.max_active)
 
     def first_prompt_max(self) -> int:
-        doc = self.document_len[1] if self.document_len else 0
+        doc = high(self.document_len) if self.document_len is not None else 0
         return 4 + self.system_len + doc + self.user_len[1] + 2  # bos sys .. eot user .. eot asst
 
 
@@ -89,7 +90,7 @@ class SyntheticOverrides(TypedDict, total=False):
     system_len: int
     user_len: Range
     output_len: Range
-    document_len: Range | None
+    document_len: Range | LogNormal | None
     documents: int | None
     max_prompt_tokens: int | None
     vocab_size: int
@@ -145,7 +146,8 @@ def _fixed_tokens(seed: int, what: str, index: int, n: int, vocab: int) -> np.nd
     return counter_tokens(stable_u64("synthetic", seed, what, index), n, low=FIRST_TEXT_ID, high=vocab)
 
 
-def _conversation(spec: SyntheticSpec, seed: int, ci: int) -> Conversation:
+def conversation(spec: SyntheticSpec, seed: int, ci: int) -> Conversation:
+    """Conversation ``ci`` (id ``syn-<ci>``) of ``spec`` under ``seed``."""
     rng = stream(seed, "synthetic", "conversation", ci)
     v = spec.vocab_size
     n_turns = _draw(rng, spec.turns)
@@ -190,5 +192,5 @@ def synthetic(conversations: int = 100, seed: int = 0, *, preset: str = "chat",
     spec = synthetic_spec(preset, base=spec, **overrides)
     if isinstance(spec, AgenticSpec):
         return agentic(conversations, seed, spec=spec)
-    convs = [_conversation(spec, seed, ci) for ci in range(conversations)]
+    convs = [conversation(spec, seed, ci) for ci in range(conversations)]
     return schedule(convs, spec.arrivals, seed)

@@ -30,8 +30,11 @@ import numpy as np
 from hicache.errors import ConfigError
 from hicache.units import check_int
 
-# Special ids live below FIRST_TEXT_ID; text pieces never map there.
+# Special ids live below FIRST_TEXT_ID; text pieces never map there. 6-8 mark a reasoning
+# model's thinking (``<think> ... </think>``, decoded, dropped from later prompts) and a
+# retrieved document (``<doc>``, the RAG workload); 9-15 are free.
 BOS, EOT, SYSTEM, USER, ASSISTANT, TOOL = 0, 1, 2, 3, 4, 5
+THINK, END_THINK, DOC = 6, 7, 8
 FIRST_TEXT_ID = 16
 DEFAULT_VOCAB = 129_280  # DeepSeek-V3/V4's vocabulary size
 ROLE_TOKENS = {"system": SYSTEM, "user": USER, "assistant": ASSISTANT, "tool": TOOL}

@@ -12,14 +12,17 @@ counted as parse errors, a hash list may cover the partial tail of the prompt or
 its full blocks. Its prefix trie keys a block by its whole path, so only the leading
 blocks two requests have in common are shared. ``timestamp`` (milliseconds, as in
 Mooncake traces), ``output_length``, ``conversation_id``, ``turn`` and ``request_id`` are
-ours to replay the requests; the simulator ignores them.
+ours to replay the requests; the simulator ignores them. ``conversation_ids=False`` leaves
+out ``conversation_id``, ``turn`` and ``request_id``: every line is then an independent
+request, as in public production traces (Mooncake's), whatever the workload was.
 
 Writing (:func:`write_trace`): block i's hash chains the previous block's hash with block
 i's tokens (BLAKE2b), so equal ids mean equal prefixes; the chained hashes are numbered in
 order of first appearance, giving small integer ids. The partial last block of a prompt is
 a block of its own, as in the simulator's accounting (``partial_tail=False`` hashes full
 blocks only: a prompt shorter than one block then has an empty ``hash_ids``, which the
-simulator skips).
+simulator skips). A line whose next turn continues its prompt but not its output (a
+reasoning turn: the next prompt drops the thinking) says ``"output_in_next": false``.
 
 Reading (:func:`read_trace`): tokens are synthesised per block id (counter-mode hashing of
 the id), so equal ids give equal token blocks, different ids different tokens, and a
@@ -33,6 +36,9 @@ requests keep "turn k+1 starts with turn k's prompt + output"::
     turn k     |  b0  |  b1  |x..|               x: partial last block (or tail) of turn k
     turn k+1   |  b0  |  b1  |  y   |  b3  |..   x's tokens := y's first tokens
                              |<-output k->|      output k := the tokens after prompt k
+
+On a line with ``"output_in_next": false`` only the open end is linked; its output stays
+synthetic, so turn k+1 again starts with turn k's prompt and not with its output.
 """
 
 from __future__ import annotations
@@ -64,19 +70,36 @@ class TraceWritten:
     total_blocks: int
 
 
+def _output_in_next(requests: Sequence[Request]) -> set[int]:
+    """Request ids whose next turn starts with their prompt but not with prompt + output."""
+    by_turn = {(r.conversation_id, r.turn): r for r in requests}
+    out = set()
+    for r in requests:
+        nxt = by_turn.get((r.conversation_id, r.turn + 1))
+        if nxt is None or nxt.prompt_len <= r.prompt_len or not np.array_equal(nxt.prompt[:r.prompt_len], r.prompt):
+            continue
+        end = r.prompt_len + r.output_len
+        if nxt.prompt_len < end or not np.array_equal(nxt.prompt[r.prompt_len:end], r.output):
+            out.add(r.request_id)
+    return out
+
+
 def _check_block_size(block_size: object, field: str = "block_size") -> int:
     return check_int(field, block_size, minimum=1, reason="must be a positive integer")
 
 
 def write_trace(requests: Sequence[Request], path: str | os.PathLike, block_size: int = 256, *,
-                partial_tail: bool = True) -> TraceWritten:
+                partial_tail: bool = True, conversation_ids: bool = True) -> TraceWritten:
     """Write ``requests`` (in request-id order) as a kvcache-simulator JSONL trace.
 
     ``partial_tail=False`` hashes only the full blocks of each prompt, as some trace tools
     do: ``input_length`` keeps the whole prompt, and a prompt shorter than one block gets
     an empty ``hash_ids`` (kvcache-simulator, and so :func:`read_trace`, skip that line).
+    ``conversation_ids=False`` writes ``timestamp``, ``input_length``, ``output_length``,
+    ``block_size`` and ``hash_ids`` only: the replay then sees independent requests.
     """
     _check_block_size(block_size)
+    dropped = _output_in_next(requests) if conversation_ids else set()
     ids: dict[bytes, int] = {}
     total = 0
     p = Path(path)
@@ -90,10 +113,13 @@ def write_trace(requests: Sequence[Request], path: str | os.PathLike, block_size
                 prev = hashlib.blake2b(prev + data[start:start + step].tobytes(), digest_size=16).digest()
                 hash_ids.append(ids.setdefault(prev, len(ids)))
             total += len(hash_ids)
-            record = {"timestamp": int(round(r.arrival_s * 1000)), "request_id": r.request_id,
-                      "conversation_id": r.conversation_id, "turn": r.turn,
-                      "input_length": r.prompt_len, "output_length": r.output_len,
-                      "block_size": block_size, "hash_ids": hash_ids}
+            record: dict[str, object] = {"timestamp": int(round(r.arrival_s * 1000))}
+            if conversation_ids:
+                record.update(request_id=r.request_id, conversation_id=r.conversation_id, turn=r.turn)
+                if r.request_id in dropped:
+                    record["output_in_next"] = False
+            record.update(input_length=r.prompt_len, output_length=r.output_len, block_size=block_size,
+                          hash_ids=hash_ids)
             out.write(json.dumps(record, separators=(",", ":")) + "\n")
     return TraceWritten(str(p), len(requests), block_size, len(ids), total)
 
@@ -117,7 +143,8 @@ def _link_turns(records: Sequence[TraceLine], bs: int) -> tuple[dict, dict[int, 
     shares) and ``output_from`` (request of turn k -> request of turn k+1, whose prompt
     holds turn k's output right after turn k's prompt). Applied only when turn k+1's
     pieces start with turn k's full blocks, its piece at the open end is at least as long,
-    and its prompt is long enough to hold turn k's prompt and output.
+    and its prompt is long enough to hold turn k's prompt and output. On a line that says
+    ``output_in_next: false`` only the open end is linked (no output from turn k+1).
     """
     alias: dict = {}
     output_from: dict[int, int] = {}
@@ -136,15 +163,16 @@ def _link_turns(records: Sequence[TraceLine], bs: int) -> tuple[dict, dict[int, 
             full += 1
         if full < len(mine) - 1:
             continue  # a short piece in the middle (explicit block_tokens): no clean end
-        if nxt.keys[:full] != r.keys[:full] or len(theirs) < full \
-                or nxt.prompt_len < r.prompt_len + r.output_length:
+        needed = r.prompt_len + (r.output_length if r.output_in_next else 1)
+        if nxt.keys[:full] != r.keys[:full] or len(theirs) < full or nxt.prompt_len < needed:
             continue
         if full < len(mine):
             (x, n), (y, m) = mine[full], (theirs[full] if full < len(theirs) else (None, 0))
             if y is None or m < n or alias.get(x, y) != y or _reaches(alias, y, x):
                 continue
             alias[x] = y
-        output_from[i] = j
+        if r.output_in_next:
+            output_from[i] = j
     return alias, output_from
 
 
@@ -203,7 +231,16 @@ def read_trace(path: str | os.PathLike, *, block_size: int | None = None,
     if block_size is not None:
         _check_block_size(block_size, "block_size")
     parsed = parse_trace(path, block_size=block_size)
-    records, bs = parsed.lines, parsed.block_size
+    requests = requests_from_lines(parsed.lines, parsed.block_size, vocab_size=vocab_size, continuation=continuation)
+    return LoadedTrace(requests, parsed.block_size, parsed.skipped_records, parsed.parse_errors,
+                       parsed.first_parse_error, parsed.clamped_timestamps,
+                       sum(r.hashed_tokens for r in parsed.lines))
+
+
+def requests_from_lines(records: Sequence[TraceLine], bs: int, *, vocab_size: int = DEFAULT_VOCAB,
+                        continuation: bool = True) -> list[Request]:
+    """Requests with tokens synthesised from the records' hash ids, as :func:`read_trace`
+    makes them (also the ``production`` workload's, whose records need not be a file)."""
     alias, output_from = _link_turns(records, bs) if continuation else ({}, {})
     streams: dict = {}
 
@@ -225,7 +262,7 @@ def read_trace(path: str | os.PathLike, *, block_size: int | None = None,
         prompt = np.concatenate([tokens(k, n) for k, n in _elements(r, i)])
         prompt.flags.writeable = False
         prompts.append(prompt)
-    first_ts = records[0].timestamp_ms
+    first_ts = records[0].timestamp_ms if records else 0.0
     requests = []
     for i, r in enumerate(records):
         j = output_from.get(i)
@@ -237,8 +274,7 @@ def read_trace(path: str | os.PathLike, *, block_size: int | None = None,
             output.flags.writeable = False
         requests.append(Request(i, r.conversation_id, r.turn, (r.timestamp_ms - first_ts) / 1000.0,
                                 prompts[i], output, source_line=r.line))
-    return LoadedTrace(requests, bs, parsed.skipped_records, parsed.parse_errors, parsed.first_parse_error,
-                       parsed.clamped_timestamps, sum(r.hashed_tokens for r in records))
+    return requests
 
 
 def load_trace(path: str | os.PathLike, *, block_size: int | None = None,

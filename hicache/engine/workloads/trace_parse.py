@@ -34,7 +34,9 @@ What we add for the replay (the simulator ignores these fields): ``timestamp``
 (milliseconds; missing or not a number: the previous line's; earlier than the previous
 line: raised to it, so file order is arrival order), ``output_length`` (non-negative
 ``int()``, else 0), ``conversation_id`` and ``turn`` (a non-negative ``int()``; lines naming
-both are linked into conversations by :mod:`hicache.engine.workloads.trace`). A prompt is
+both are linked into conversations by :mod:`hicache.engine.workloads.trace`), and
+``output_in_next`` (only a JSON ``false`` counts: the next turn continues this prompt but
+not this output, as a reasoning model's next turn drops the thinking). A prompt is
 ``max(input_length, sum of block tokens)`` tokens: the hashed blocks, then an unhashed tail
 of ``input_length - sum`` tokens when the ids stop short of ``input_length``.
 
@@ -77,6 +79,7 @@ class TraceLine:
     conversation_id: str
     turn: int
     in_conversation: bool         # the line named conversation_id and a valid turn
+    output_in_next: bool = True   # false: the next turn keeps this prompt but not this output
 
     @property
     def hashed_tokens(self) -> int:
@@ -179,7 +182,7 @@ def _read_record(record: dict, where: str, state: _TraceState) -> _Raw | None:
     return _Raw(0, record, keys, input_length, explicit)
 
 
-def _extras(record: dict, where: str, last_ts: float) -> tuple[float, int, str | None, int, bool]:
+def _extras(record: dict, where: str, last_ts: float) -> tuple[float, int, str | None, int, bool, bool]:
     """The fields the simulator ignores: timestamp, output_length, conversation_id, turn."""
     ts = record.get("timestamp")
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
@@ -191,7 +194,7 @@ def _extras(record: dict, where: str, last_ts: float) -> tuple[float, int, str |
     conv = record.get("conversation_id")
     conv = None if conv is None or isinstance(conv, (dict, list)) else str(conv)
     in_conv = conv is not None and turn_value is not None and turn >= 0
-    return float(ts), output, conv, max(turn, 0), in_conv
+    return float(ts), output, conv, max(turn, 0), in_conv, record.get("output_in_next") is not False
 
 
 def parse_trace(path: str | os.PathLike[str], *, block_size: int | None = None) -> ParsedTrace:
@@ -242,7 +245,8 @@ def parse_trace(path: str | os.PathLike[str], *, block_size: int | None = None) 
     clamped, last_ts = 0, -math.inf
     for raw in raws:
         where = f"{p.name}:{raw.line}"
-        ts, output, conv, turn, in_conv = _extras(raw.record, where, last_ts if last_ts > -math.inf else 0.0)
+        ts, output, conv, turn, in_conv, output_in_next = _extras(raw.record, where,
+                                                                  last_ts if last_ts > -math.inf else 0.0)
         if ts < last_ts:
             ts, clamped = last_ts, clamped + 1
         last_ts = ts
@@ -256,5 +260,6 @@ def parse_trace(path: str | os.PathLike[str], *, block_size: int | None = None) 
                 raise ConfigError(f"{where}.{name}", n, f"must be <= {MAX_REQUEST_TOKENS:,} tokens (one request's "
                                                         "tokens are materialized in memory)")
         lines.append(TraceLine(raw.line, raw.keys, lengths, tail, ts, output,
-                               conv if conv is not None else f"trace-{len(lines)}", turn, in_conv))
+                               conv if conv is not None else f"trace-{len(lines)}", turn, in_conv,
+                               output_in_next))
     return ParsedTrace(tuple(lines), int(bs), skipped, parse_errors, first_error, clamped)

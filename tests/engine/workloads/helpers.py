@@ -65,3 +65,18 @@ def small_sharegpt_items() -> list[dict]:
     for i in range(7):
         items.append({"id": f"c{i}_0", "conversations": conv_messages(f"c{i}", 1 + i % 3)})
     return items
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens ``a`` and ``b`` have in common."""
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if len(diff) else n
+
+
+def by_conversation(requests: Sequence[Request]) -> dict[str, list[Request]]:
+    """{conversation id: its requests by turn}."""
+    out: dict[str, list[Request]] = {}
+    for r in sorted(requests, key=lambda r: (r.conversation_id, r.turn)):
+        out.setdefault(r.conversation_id, []).append(r)
+    return out

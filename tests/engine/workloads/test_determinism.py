@@ -10,7 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hicache.engine.workloads import WorkloadStats, load_trace, sharegpt, summarize, synthetic, write_trace
+from hicache.engine.workloads import (MixSpec, ReasoningSpec, WorkloadStats, load_trace, mix, production, rag,
+                                      reasoning, sharegpt, summarize, synthetic, write_production_trace,
+                                      write_trace)
 from tests.engine.workloads.helpers import small_sharegpt_items, write_sharegpt
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,13 +28,23 @@ def digest(requests) -> str:
     return h.hexdigest()
 
 
+def production_file_digest(path: str) -> str:
+    write_production_trace(path, 300, 3, block_size=512)
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def digests(sharegpt_path: str, trace_path: str) -> list[str]:
     return [digest(synthetic(25, 3)),
             digest(synthetic(2, 1, preset="long-context", document_len=(20_000, 60_000))),
             digest(synthetic(3, 4, preset="agentic", system_len=(100, 300), task_len=(10, 50),
                              result_len=(10, 80))),
             digest(sharegpt(6, 2, path=sharegpt_path)),
-            digest(load_trace(trace_path))]
+            digest(load_trace(trace_path)),
+            digest(reasoning(3, 5, spec=ReasoningSpec(system_len=50, thinking_len=(10, 80)))),
+            digest(rag(2, 6)),
+            digest(mix(6, 7, spec=MixSpec(arrival_process="bursty"))),
+            digest(production(60, 8)),
+            production_file_digest(trace_path + ".production")]
 
 
 def test_same_requests_in_other_processes(tmp_path):
@@ -48,7 +60,7 @@ def test_same_requests_in_other_processes(tmp_path):
         out = subprocess.run([sys.executable, "-c", code, str(sg), str(trace)], cwd=ROOT, env=env,
                              capture_output=True, text=True, check=True).stdout.split()
         assert out == here
-    assert len(set(here)) == 5
+    assert len(set(here)) == 10
 
 
 def test_trace_written_in_another_process_is_identical(tmp_path):

@@ -155,10 +155,17 @@ def test_continuation_only_for_named_turns_and_can_be_off(tmp_path):
             head = np.concatenate([r.prompt, r.output])
             broken += not np.array_equal(nxt.prompt[:len(head)], head)
     assert broken == 12  # without continuation no turn extends the previous one
-    # the simulator sees the same file either way
+    # the simulator sees the same file either way. A plain turn whose prompt is whole blocks
+    # is the start of the next one (its tokens are its ids'), but its synthetic output is not:
+    # its line says so (the others' open ends have their own tokens, so they are no prefix)
     write_trace(plain, tmp_path / "p.jsonl", block_size=32)
     write_trace(linked, tmp_path / "l.jsonl", block_size=32)
-    assert records(path) == records(tmp_path / "p.jsonl") == records(tmp_path / "l.jsonl")
+    marked = [i for i, rec in enumerate(records(tmp_path / "p.jsonl")) if rec.get("output_in_next") is False]
+    assert marked == [i for i, r in enumerate(plain)
+                      if (r.conversation_id, r.turn + 1) in by_key and r.prompt_len % 32 == 0]
+    assert marked  # this draw has such turns
+    unmarked = [{k: v for k, v in rec.items() if k != "output_in_next"} for rec in records(tmp_path / "p.jsonl")]
+    assert records(path) == unmarked == records(tmp_path / "l.jsonl")
     # lines without conversation_id and turn (Mooncake-style) are never linked
     stripped = tmp_path / "s.jsonl"
     anonymous = [{k: v for k, v in rec.items() if k not in ("conversation_id", "turn")}
