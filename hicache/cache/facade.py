@@ -254,17 +254,17 @@ class HiCache:
         sid = snapshot_row(snapshot if snapshot is not None else snapshot_id)
         lease.check_publish(toks, num_pages, sid)
         past = num_pages * self.page_tokens > lease.resume_tokens and lease._resume_snapshot is not None
-        done = self._publisher.publish_pages(lease, toks, num_pages)
+        done = self._publisher.publish_pages(lease, toks, num_pages, decoded=why is Boundary.FINISH)
         self._residency.free(DEVICE, PAGE, done.duplicates)
         self._allocator.backup_pages(self._policy.backup_on_publish(done.new_nodes))
         for node in done.new_nodes:  # exclusive tier: a recomputed shadow leaves the host
             self._residency.release_host_copy(node)
         outcome = None
-        offered = None
+        offered = False
         if sid is not None:
             lease._unpublished_snapshots.discard(sid)
             if done.complete and num_pages > 0 and done.last.parent is not None:
-                offered = why.value
+                offered = True
                 offer = self._publisher.offer_snapshot(lease, done.last, sid, num_pages * self.page_tokens, why)
                 outcome = offer.outcome
                 if offer.free_row is not None:
@@ -279,7 +279,7 @@ class HiCache:
         if past:
             self._router.drop(self._publisher.past_resume(lease))
         self._router.route_removed()
-        self._policy.observe_publish(lease.lease_id, toks, num_pages, offered)
+        self._policy.observe_publish(lease.lease_id, toks, num_pages, why.value, offered)
         return PublishResult(published_pages=lease.published_pages,
                              duplicates_freed=int(done.duplicates.size), snapshot=outcome)
 

@@ -74,9 +74,9 @@ class PlacementPolicy(Protocol):
         True when the victim order changed (the caller rebuilds it)."""
         ...
 
-    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, kind: str | None) -> None:
-        """The lease published its first ``pages`` pages of ``tokens`` and, when ``kind`` is
-        set, offered a snapshot at their end for that reason (a ``Boundary`` value)."""
+    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, why: str, snapshot: bool) -> None:
+        """The lease published its first ``pages`` pages of ``tokens`` at a boundary of kind
+        ``why`` (a ``Boundary`` value) and, with ``snapshot``, a snapshot at their end."""
         ...
 
     def observe_expect(self, tokens: np.ndarray, pages: int) -> None:
@@ -118,14 +118,15 @@ class ConfiguredPolicy:
         self._needs_snapshots = needs_snapshots   # hybrid layouts: a resume point needs a snapshot
         self._page_tokens = page_tokens
         self._selector: PolicySelector | None = None
-        if tree.eviction == "adaptive":
+        self._fixed: EvictionStrategy = get_strategy(tree.eviction if tree.eviction != "adaptive" else "lru")
+        names = _distinct_candidates(tree.adaptive_candidates, needs_snapshots)
+        if tree.eviction == "adaptive" and len(names) > 1:
             units = ghost_units if ghost_units is not None else (0.0, 0.0)
-            self._selector = PolicySelector([get_strategy(c) for c in tree.adaptive_candidates], units[0], units[1],
+            self._selector = PolicySelector([get_strategy(c) for c in names], units[0], units[1],
                                             stateless=not needs_snapshots, window=tree.adaptive_window,
                                             margin=tree.adaptive_margin)
-            self._fixed: EvictionStrategy = self._selector.strategy
-        else:
-            self._fixed = get_strategy(tree.eviction)
+        elif tree.eviction == "adaptive":
+            self._fixed = get_strategy(names[0])
         self._keys = _PageKeys(page_tokens)
 
     @property
@@ -178,9 +179,9 @@ class ConfiguredPolicy:
             return False
         return self._selector.lookup(request, self._keys.of(tokens, pages))
 
-    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, kind: str | None) -> None:
+    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, why: str, snapshot: bool) -> None:
         if self._selector is not None:
-            self._selector.publish(request, self._keys.of(tokens, pages), kind)
+            self._selector.publish(request, self._keys.of(tokens, pages), why, snapshot)
 
     def observe_expect(self, tokens: np.ndarray, pages: int) -> None:
         if self._selector is not None:
@@ -200,6 +201,19 @@ class ConfiguredPolicy:
         for name, hits in st.ghost_hit_pages.items():
             out[f"ghost_hit_pages:{name}"] = hits
         return out
+
+
+def _distinct_candidates(names: Sequence[str], needs_snapshots: bool) -> list[str]:
+    """The candidates that can rank differently: without state (MHA, MLA) there are no
+    snapshots, so every class rule is moot and each ranked order is plain LRU."""
+    if needs_snapshots:
+        return list(names)
+    out: list[str] = []
+    for name in names:
+        name = "lfu" if name == "lfu" else "lru"
+        if name not in out:
+            out.append(name)
+    return out
 
 
 class _PageKeys:

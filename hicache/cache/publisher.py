@@ -69,7 +69,7 @@ class Publisher:
         self._orphans: dict[Snapshot, TreeNode] = {}
 
     # -- pages -----------------------------------------------------------------------------
-    def publish_pages(self, lease: Lease, toks: np.ndarray, num_pages: int) -> PagesPublished:
+    def publish_pages(self, lease: Lease, toks: np.ndarray, num_pages: int, *, decoded: bool = False) -> PagesPublished:
         """Insert the lease's pages up to ``num_pages`` (the caller checked the request).
 
         Pages move from the lease into the tree without a copy; an identical page someone
@@ -78,7 +78,7 @@ class Publisher:
         """
         start = lease.published_pages
         table = np.asarray(lease.page_table[start:num_pages], np.int64)
-        res = self._tree.insert(toks, table, start=lease._locked_node)
+        res = self._tree.insert(toks, table, start=lease._locked_node, decoded=decoded)
         if res.duplicates.size:
             lease.owned.difference_update(res.duplicates.tolist())
         lease.page_table[start:num_pages] = res.page_ids.tolist()

@@ -33,7 +33,7 @@ one scale, a caller wanting one budget across both merges ``device_victims`` and
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol, Sized
+from typing import Callable, Iterator, Protocol
 
 from hicache.errors import ConfigError
 from hicache.tree.node import Snapshot, TreeNode
@@ -63,7 +63,7 @@ class RankedNode(Protocol):
     @property
     def depth(self) -> int: ...
     @property
-    def children(self) -> Sized: ...
+    def branches(self) -> int: ...
     @property
     def forked(self) -> bool: ...
     @property
@@ -151,22 +151,27 @@ class Ranked:
     """
 
     def __init__(self, name: str, *, superseded_first: bool = False, idle_tails_first: bool = False,
-                 intermediate_first: bool = False, forks_last: bool = False, refresh_forks: bool = False):
+                 intermediate_first: bool = False, forks_last: bool = False, refresh_forks: bool = False,
+                 idle_chunks_first: bool = False):
         self.name = name
         self.superseded_first = superseded_first
         self.idle_tails_first = idle_tails_first
         self.intermediate_first = intermediate_first
         self.forks_last = forks_last
         self.refresh_forks = refresh_forks
+        self.idle_chunks_first = idle_chunks_first
 
     def node_priority(self, node: RankedNode) -> tuple:
         return (1, node.last_access)
 
     def snapshot_priority(self, node: RankedNode, snap: RankedSnapshot) -> tuple:
-        if self.forks_last and len(node.children) >= 2:
+        nb = node.branches
+        if self.forks_last and nb >= 2:
             return (2, snap.last_access)
-        if node.snapshots_below > 0 and len(node.children) <= 1 and not node.forked:
+        if node.snapshots_below > 0 and nb <= 1 and not node.forked:
             if self.intermediate_first or (self.superseded_first and (snap.resumed or snap.passed)):
+                return (0, snap.last_access)
+            if self.idle_chunks_first and snap.kind == "prefill" and not snap.resumed:
                 return (0, snap.last_access)
         if self.idle_tails_first and snap.kind == "finish" and not (snap.resumed or snap.passed):
             return (0, snap.last_access)
@@ -214,7 +219,7 @@ class Value(Ranked):
     def intermediate(node: RankedNode) -> bool:
         """A deeper snapshot hangs below ``node`` on its only path, and no request ever
         left that path here (``node.forked``)."""
-        return node.snapshots_below > 0 and len(node.children) <= 1 and not node.forked
+        return node.snapshots_below > 0 and node.branches <= 1 and not node.forked
 
 
 # The named candidates of ``eviction: adaptive`` (each also usable alone as ``eviction``).

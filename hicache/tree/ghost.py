@@ -26,8 +26,9 @@ What a ghost holds::
               (history must cover the prefix, state sits at the resume point); the path
               and that snapshot are touched, the snapshot counts ``resumed``, those on
               the path above it ``passed``; the path is pinned for the request
-    publish   pages added (re-added when the ghost had evicted them) and pinned; the
-              snapshot attached with the boundary's kind
+    publish   pages added (re-added when the ghost had evicted them) and pinned, a
+              decode's marked ``decoded`` until a request goes through them; the snapshot
+              attached with the boundary's kind
     expect    the resume path and snapshot touched (a queued request), nothing pinned
     release   the request's pins go
     evict     while over capacity: the smallest of
@@ -73,7 +74,7 @@ class GhostNode:
     strategy reads."""
 
     __slots__ = ("key", "parent", "children", "depth", "last_access", "hit_count", "snapshot", "forked",
-                 "snapshots_below", "pins", "spins", "gen", "sgen")
+                 "snapshots_below", "pins", "spins", "gen", "sgen", "decoded", "branches")
 
     def __init__(self, key: Hashable, parent: "GhostNode | None", depth: int, now: float):
         self.key = key
@@ -84,6 +85,8 @@ class GhostNode:
         self.hit_count = 0
         self.snapshot: GhostSnapshot | None = None
         self.forked = False
+        self.decoded = False
+        self.branches = 0
         self.snapshots_below = 0
         self.pins = 0    # running requests whose path covers this page
         self.spins = 0   # running requests that hold this page's snapshot (resume point, newest published)
@@ -174,6 +177,20 @@ class GhostCache:
         self._adjust_below(node, -1)
         self._push_page(node)   # a leaf without one is dead
 
+    def _branch(self, parent: GhostNode | None, delta: int) -> None:
+        """``parent`` gained or lost a branch requests were seen to take (RadixTree._branch)."""
+        if parent is None:
+            return
+        parent.branches += delta
+        if parent.branches >= 2:
+            parent.forked = True
+        if parent.snapshot is not None:
+            self._push_snap(parent)
+
+    def _taken(self, node: GhostNode) -> None:
+        node.decoded = False
+        self._branch(node.parent, 1)
+
     def _remove_leaf(self, node: GhostNode) -> None:
         if node.snapshot is not None:
             self._detach(node)
@@ -181,10 +198,12 @@ class GhostCache:
         assert parent is not None and not node.children
         del parent.children[node.key]
         del self.nodes[node.key]
+        if not node.decoded:
+            self._branch(parent, -1)
         node.gen = node.sgen = 0
         self.used -= 1
         self.evicted_pages += 1
-        if parent.snapshot is not None and len(parent.children) <= 1:
+        if parent.snapshot is not None:
             self._push_snap(parent)   # fan-out changed
         self._push_page(parent)
 
@@ -212,6 +231,8 @@ class GhostCache:
             node.last_access = now
             if hit:
                 node.hit_count += 1
+                if node.decoded:
+                    self._taken(node)
             snap = node.snapshot
             if snap is not None and hit and i < resume - 1:
                 snap.passed += 1
@@ -265,9 +286,11 @@ class GhostCache:
         if resume:
             self._touch(path, resume, hit=False)
 
-    def publish(self, request: object, keys: Sequence[Hashable], kind: str | None) -> None:
-        """A request published ``keys`` (root first) and, when ``kind`` is set, a snapshot
-        for the boundary at their end offered for that reason."""
+    def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool = True) -> None:
+        """A request published ``keys`` (root first) at a boundary of kind ``why`` (a
+        ``Boundary`` value; ``finish``: the pages past the prompt are a decode's) and, with
+        ``snapshot``, offered a snapshot at their end."""
+        decode = why == "finish"
         nodes = self.nodes
         held = self._held.setdefault(request, [])
         self.clock += 1
@@ -284,14 +307,21 @@ class GhostCache:
                 held.append(node)
                 if had == 0:
                     parent.gen = 0          # no longer a leaf
-                elif had == 1:
-                    parent.forked = True
+                if decode:
+                    node.decoded = True
+                else:
+                    self._branch(parent, 1)
                 if parent.snapshot is not None:
                     self._push_snap(parent)
                 self._push_page(node)
+            elif node.decoded and not decode:
+                self._taken(node)             # a prompt went on through a decode's pages
             parent = node
-        if kind is not None and keys:
-            self._attach(parent, kind)
+        slots = self._snap_held.get(request)
+        if slots is not None and slots[0] is not None and len(keys) > slots[0].depth:
+            self._hold_snapshot(request, 0, None)   # published past its resume point: its engine has read it
+        if snapshot and keys:
+            self._attach(parent, why)
             self._hold_snapshot(request, 1, parent)
         if self.used > self.capacity:
             self._evict()
@@ -354,6 +384,10 @@ class GhostCache:
         pages = len(self.nodes)
         snaps = sum(1 for n in self.nodes.values() if n.snapshot is not None)
         assert abs(self.used - (pages + snaps * self.snapshot_units)) < 1e-6, (self.used, pages, snaps)
+        for node in list(self.nodes.values()) + [self.root]:
+            taken = sum(not c.decoded for c in node.children.values())
+            assert node.branches == taken, (node.key, node.branches, taken)
+            assert node.forked or taken < 2 or node is self.root, (node.key, "branches but not forked")
         for node in self.nodes.values():
             below = 0
             stack = list(node.children.values())

@@ -64,7 +64,7 @@ def descend_step(tree: "RadixTree", q: bytes, node: TreeNode, pos: int, end: int
 
 
 def insert(tree: "RadixTree", tokens: np.ndarray | bytes, device_ids: np.ndarray, *,
-           start: TreeNode | None = None) -> InsertResult:
+           start: TreeNode | None = None, decoded: bool = False) -> InsertResult:
     """Publish pages held on the device: ``device_ids[i]`` holds page ``d + i`` of ``tokens``,
     where ``d`` is ``start.depth`` (0 from the root).
 
@@ -75,6 +75,10 @@ def insert(tree: "RadixTree", tokens: np.ndarray | bytes, device_ids: np.ndarray
     still loading (``load_ticket``) cannot be adopted: when the request has its own copy of
     such a node, that copy and everything after it stay private to the request (not
     published).
+
+    ``decoded``: the pages come from a decode (``Boundary.FINISH``): a new node is marked
+    ``decoded`` until a request is seen to go through it. A publish that is not a decode's
+    and passes through such a node marks it taken (a request's prompt went that way).
     """
     node = tree.root if start is None else start
     base = node.depth
@@ -90,9 +94,12 @@ def insert(tree: "RadixTree", tokens: np.ndarray | bytes, device_ids: np.ndarray
     while pos < n:
         child = descend_step(tree, q, node, pos, n)
         if child is None:
-            node = tree.add_child(node, q[pos * W: n * W], device_ids=ids[pos - base:].copy(), host_ids=None)
+            node = tree.add_child(node, q[pos * W: n * W], device_ids=ids[pos - base:].copy(), host_ids=None,
+                                  decoded=decoded)
             new_nodes.append(node)
             break
+        if child.decoded and not decoded:
+            tree.taken(child)
         k = child.num_pages
         mine = ids[pos - base: pos - base + k]
         theirs = child.device_ids

@@ -171,7 +171,7 @@ class TreeNode:
     __slots__ = ("token_bytes", "hashes", "parent", "device_ids", "host_ids", "children", "lock_device",
                  "lock_host", "backup_pending", "load_ticket", "l3_put", "pins", "l3_stored", "from_l3", "last_access",
                  "hit_count", "snapshot", "node_id", "depth", "num_pages", "_watch", "_device_children", "snapshots_below",
-                 "forked",
+                 "forked", "decoded", "branches",
                  "_counted")
     token_bytes: bytes
     hashes: list[bytes]
@@ -196,7 +196,10 @@ class TreeNode:
     _watch: "TreeWatch | None"
     _device_children: int
     snapshots_below: int  # snapshots attached strictly below this node (kept by the tree's watch)
-    forked: bool          # requests have diverged at this node's end: it has had two children or more
+    forked: bool          # requests have diverged at this node's end: it has had two branches or more
+    decoded: bool         # its pages were published by a decode (Boundary.FINISH) and no request has
+                          # resumed through them since: a branch no request has been seen to take
+    branches: int         # children that are not ``decoded``: where requests were seen to go on
     _counted: tuple[int, int]
 
     # lock_device: running requests whose prefix covers this node
@@ -222,7 +225,7 @@ class TreeNode:
                             ("l3_stored", l3_stored), ("from_l3", from_l3), ("last_access", last_access),
                             ("hit_count", hit_count), ("snapshot", None), ("node_id", node_id), ("depth", depth),
                             ("num_pages", len(hashes)), ("_device_children", 0),
-                            ("snapshots_below", 0), ("forked", False)):
+                            ("snapshots_below", 0), ("forked", False), ("decoded", False), ("branches", 0)):
             _set(self, name, value)
 
     def __setattr__(self, name: str, value: object) -> None:

@@ -135,14 +135,24 @@ class RadixTree:
         return matched
 
     def touch(self, match: PathMatch, *, hit: bool = True) -> None:
-        """Record an access along a matched path (LRU time, LFU count)."""
+        """Record an access along a matched path (LRU time, LFU count). A hit through
+        decoded pages makes them a branch requests take (``TreeNode.decoded``)."""
         now = self.tick()
         touched = self._watch.node_touched
         for node, _ in match.segments:
             _set(node, "last_access", now)
             if hit:
                 _set(node, "hit_count", node.hit_count + 1)
+                if node.decoded:
+                    self.taken(node)
             touched(node)
+
+    def taken(self, node: TreeNode) -> None:
+        """A request went on through ``node``'s decoded pages: a branch requests take now."""
+        assert node.decoded and node.parent is not None
+        _set(node, "decoded", False)
+        self._branch(node.parent, +1)
+        self._watch.children_changed(node.parent)
 
     def node_at(self, path: PathMatch, pages: int) -> TreeNode:
         """The node ending exactly ``pages`` pages deep on ``path``, splitting one if needed."""
@@ -190,6 +200,8 @@ class RadixTree:
         upper.children[node.first_page_key(self.page_tokens)] = node
         _set(upper, "_device_children", int(dev is not None))
         _set(upper, "snapshots_below", node.snapshots_below + (node.snapshot is not None))
+        _set(upper, "decoded", node.decoded)          # it takes node's place below parent
+        _set(upper, "branches", 0 if node.decoded else 1)
         _set(node, "parent", upper)
         _set(upper, "_watch", self._watch)
         # Neither part changes eligibility (the upper node has a child, and a device child
@@ -201,8 +213,9 @@ class RadixTree:
         return upper
 
     def add_child(self, parent: TreeNode, tokens: np.ndarray | bytes, *, device_ids: np.ndarray | None,
-                  host_ids: np.ndarray | None) -> TreeNode:
-        """Hang a new node of whole pages below ``parent`` (hashes chained from it)."""
+                  host_ids: np.ndarray | None, decoded: bool = False) -> TreeNode:
+        """Hang a new node of whole pages below ``parent`` (hashes chained from it).
+        ``decoded``: the pages come from a decode, a branch no request has taken yet."""
         P = self.page_tokens
         data = tokens if isinstance(tokens, bytes) else token_bytes(tokens)
         assert len(data) % (P * TOKEN_BYTES) == 0 and data, "a node holds whole pages"
@@ -213,8 +226,9 @@ class RadixTree:
         key = node.first_page_key(P)
         assert key not in parent.children, "add_child over an existing child"
         parent.children[key] = node
-        if len(parent.children) >= 2:
-            _set(parent, "forked", True)   # for good: see Value.intermediate
+        _set(node, "decoded", decoded)
+        if not decoded:
+            self._branch(parent, +1)
         _set(node, "_watch", self._watch)
         if device_ids is not None:
             _set(parent, "_device_children", parent._device_children + 1)
@@ -223,6 +237,13 @@ class RadixTree:
         self._watch.node_changed(node)
         self.num_nodes += 1
         return node
+
+    def _branch(self, parent: TreeNode, delta: int) -> None:
+        """``parent`` gained (or lost) a branch requests were seen to take; two make it a
+        branch point for good (``forked``: see :class:`hicache.tree.eviction.Ranked`)."""
+        _set(parent, "branches", parent.branches + delta)
+        if parent.branches >= 2:
+            _set(parent, "forked", True)
 
     def remove(self, node: TreeNode) -> None:
         """Detach a leaf. Its ids must already have been taken by the caller."""
@@ -233,6 +254,8 @@ class RadixTree:
         parent = node.parent
         assert parent is not None
         del parent.children[node.first_page_key(self.page_tokens)]
+        if not node.decoded:
+            self._branch(parent, -1)
         self._shape += 1
         self.num_nodes -= 1
         self._watch.node_removed(node)
@@ -419,7 +442,9 @@ class RadixTree:
             assert node.lock_device >= sum(c.lock_device for c in node.children.values()), \
                 f"{node}: fewer locks than its children"
             assert node.lock_host >= 0 and node.backup_pending >= 0 and node.pins >= 0, f"{node}: negative counter"
-            assert node.forked or len(node.children) < 2, f"{node}: branches but is not marked forked"
+            taken = sum(not c.decoded for c in node.children.values())
+            assert node.branches == taken, f"{node}: {node.branches} branches counted, {taken} taken"
+            assert node.forked or taken < 2, f"{node}: branches but is not marked forked"
             if node.snapshot is not None:
                 assert node.snapshot.lock >= 0, f"{node}: negative snapshot lock"
                 assert node.snapshot._node is node, f"{node}: its snapshot points elsewhere"

@@ -117,9 +117,9 @@ class PolicySelector:
         self.switches += 1
         return True
 
-    def publish(self, request: object, keys: Sequence[Hashable], kind: str | None) -> None:
+    def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:
         for g in self.ghosts:
-            g.publish(request, keys, kind)
+            g.publish(request, keys, why, snapshot)
 
     def expect(self, keys: Sequence[Hashable]) -> None:
         for g in self.ghosts:

@@ -55,20 +55,20 @@ def test_stress_hits_host_tier():
 @given(seed=st.integers(0, 10_000), device_pages=st.integers(6, 16), host_pages=st.integers(4, 30),
        snaps=st.integers(1, 5), retention=st.sampled_from([None, 0, 8]),
        policy=st.sampled_from(POLICIES),
-       eviction=st.sampled_from(["lru", "lfu", "value", "value-tuned"]), running=st.integers(1, 4),
+       eviction=st.sampled_from(["lru", "lfu", "value", "reuse", "reuse-prompt", "adaptive"]),
+       running=st.integers(1, 4),
        layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]))
 def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention, policy, eviction, running,
                                 layout, faults):
-    # value-tuned: ghost caches pick the depth weight, so the order is rebuilt mid-run
-    weights = (0.0, 1.0, 3.0, 10.0) if eviction == "value-tuned" else (0.0,)
+    # adaptive: a short window and no margin, so it switches orders (and rebuilds them) mid-run
     cache = make_cache(layout(), device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
                        host_snaps=snaps + 1, write_policy=policy[0], host_tier=policy[1], retention=retention,
-                       eviction=eviction.split("-")[0], depth_weights=weights)
+                       eviction=eviction, window=8, margin=0.0)
     run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)
 
 
-def test_stress_with_the_depth_tuner_switching():
+def test_stress_with_the_adaptive_policy_switching():
     rep = run(make_cache(device_pages=8, device_snaps=3, host_pages=16, host_snaps=5, write_policy="write_back",
-                         host_tier="exclusive", eviction="value", depth_weights=(0.0, 1.0, 3.0, 10.0)),
+                         host_tier="exclusive", eviction="adaptive", window=8, margin=0.0),
               ops=1500, seed=3, fault_rate=0.05)
-    assert rep.stats["depth_weight_switches"] > 0 and rep.verified_pages > 0
+    assert rep.stats["policy_switches"] > 0 and rep.verified_pages > 0

@@ -9,9 +9,10 @@ from hicache.tree.ghost import GhostCache, page_keys
 
 
 def serve(g: GhostCache, req: object, keys: list, kind: str | None = "prompt_end") -> int:
-    """One request as the engine makes it: lookup, publish its pages (and a snapshot), release."""
+    """One request as the engine makes it: lookup, publish its pages (and a snapshot, unless
+    ``kind`` is None), release."""
     hit = g.lookup(req, keys)
-    g.publish(req, keys, kind)
+    g.publish(req, keys, kind or "prefill", kind is not None)
     g.release(req)
     g.check()
     return hit
@@ -31,7 +32,7 @@ def test_a_dead_leaf_goes_before_any_live_one_then_the_least_recent():
     g = GhostCache(LRU(), capacity_units=9, snapshot_units=1)
     serve(g, "a", [1, 2])                       # 3 units
     serve(g, "b", [3, 4])                       # 6
-    g.publish("e", [1, 2, 7], None)             # 7: no snapshot at 7, a dead leaf once released
+    g.publish("e", [1, 2, 7], "prefill", False)             # 7: no snapshot at 7, a dead leaf once released
     g.release("e")
     serve(g, "f", [8])                          # 9: full
     serve(g, "g", [9])                          # 11: two units go
@@ -41,17 +42,22 @@ def test_a_dead_leaf_goes_before_any_live_one_then_the_least_recent():
 
 
 def test_a_running_request_pins_its_path_and_its_two_snapshots_only():
-    g = GhostCache(LRU(), capacity_units=7, snapshot_units=1)
+    g = GhostCache(LRU(), capacity_units=8, snapshot_units=1)
     serve(g, "a", [1])                          # 2 units, snapshot at 1
-    assert g.lookup("r", [1, 2]) == 1           # resumes at 1: path and snapshot pinned
-    g.publish("r", [1, 2], "prefill")           # 4 units; 2's snapshot held as its newest
-    g.publish("r", [1, 2, 3], "prompt_end")     # 6 units; the newest is 3's now, 2's is free
-    serve(g, "b", [9])                          # 8 units: 2's snapshot (unpinned) goes, not a page
-    assert g.nodes[2].snapshot is None and g.nodes[1].snapshot is not None and 9 in g.nodes
-    assert g.used == 7
+    assert g.lookup("r", [1, 2, 3]) == 1        # resumes at 1: its path and that snapshot pinned
+    serve(g, "b", [9])                          # 4 units
+    g.publish("r", [1], "prefill", True)        # nothing new: still its resume point
+    g.publish("r", [1, 2], "prefill", True)     # 6: past it (its engine has read it), 2's is the newest
+    g.publish("r", [1, 2, 3], "prompt_end", True)   # 8: the newest is 3's now
+    serve(g, "c", [10])                         # 10: two units go, the least recent unpinned:
+    assert 9 not in g.nodes                     # b's leaf with its snapshot (older than 1's touch)
+    serve(g, "d", [11])                         # 10 again: now 1's snapshot (no longer held), not a page
+    assert g.nodes[1].snapshot is None and g.nodes[3].snapshot is not None
+    assert g.nodes[2].snapshot is None          # ... and 2's (free since 3's was published): both older
+    assert all(k in g.nodes for k in (1, 2, 3)) and g.used == 8
     g.release("r")
-    serve(g, "c", [10])                         # 9: now the least recent leaf may go
-    assert 10 in g.nodes and g.used <= 7
+    serve(g, "e", [12])                         # 10: r's pages may go now, its dead leaves first
+    assert g.used <= 8
 
 
 def test_superseded_first_gives_up_a_snapshot_the_chain_has_moved_past():
@@ -98,7 +104,7 @@ def test_forks_last_keeps_a_branch_points_snapshot_over_every_leaf():
 
 def test_a_layout_without_state_resumes_at_any_page():
     g = GhostCache(LRU(), capacity_units=4, snapshot_units=0, stateless=True)
-    g.publish("a", [1, 2, 3], None)
+    g.publish("a", [1, 2, 3], "prefill", False)
     g.release("a")
     assert g.lookup("b", [1, 2, 9]) == 2 and g.used == 3
     g.release("b")
@@ -139,17 +145,16 @@ def test_random_events_keep_the_ghost_consistent(ops, name, capacity):
             assert 0 <= hit <= depth
             assert hit == 0 or g.nodes[keys[hit - 1]].snapshot is not None
         elif op == "publish":
-            g.publish(req, keys, kind)
+            g.publish(req, keys, kind or "prefill", kind is not None)
             assert all(k in g.nodes for k in keys)          # a publish never evicts its own pages
             assert kind is None or g.nodes[keys[-1]].snapshot is not None
+            # a publish evicts until the ghost fits, or until only pinned things are left
+            assert g.used <= capacity or _reference_victim(g) is None
         elif op == "expect":
             g.expect(keys)
         else:
             g.release(req)
         g.check()
-        # over capacity only while running requests pin what would have to go
-        if g.used > capacity:
-            assert _reference_victim(g) is None or g.used - capacity < 1e-9 or any(n.pins for n in g.nodes.values())
     for req in range(6):
         g.release(req)
     g.check()
@@ -180,7 +185,7 @@ def test_eviction_takes_the_smallest_key_a_full_scan_finds():
                     assert snaps[node.key] is not None and (node.key not in g.nodes or g.nodes[node.key].snapshot is None)
                 else:
                     assert node.key in before and node.key not in g.nodes
-            g.publish(req, keys, str(rng.choice(["prompt_end", "finish", "prefill"])))
+            g.publish(req, keys, str(rng.choice(["prompt_end", "finish", "prefill"])), True)
             g.release(req)
             g.check()
 
