@@ -2,10 +2,12 @@
 kvcache-simulator's LRU and optimal at the same bytes.
 
     hicache sweep [--config C] (--trace FILE | --workload W [--conversations N] [--seed S])
-                  --device-gib D --host-gib a,b,c [--write-policy P ...] [--json] [--plot FILE.png]
+                  --device-gib D --host-gib a,b,c [--write-policy P ...] [--bytes real|none]
+                  [--json] [--plot FILE.png]
 
 Each point is a full replay on a fresh cache (every byte it reads back checked, as
-``--verify`` says). When ``kvcache-simulator`` is installed, its ``lru`` and ``optimal``
+``--verify`` says; with ``--bytes none`` a policy-only replay, the same decisions with no
+bytes moved or checked, see ``hicache replay``). When ``kvcache-simulator`` is installed, its ``lru`` and ``optimal``
 policies run once over the same trace (a workload is first written as a trace with the
 layout's page size as block size) with, per point, the capacity of our device + host
 pages in tokens (a tier that is one arena -- the host with ``--budget shared_host``, both
@@ -131,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
+           "bytes": summaries[0]["bytes"],
            "budget": cfg.pools.budget, "storage": cfg.storage.url}
     out.update(work.trace_info)
     if not args.no_sim and kvsim.available():
@@ -192,7 +195,8 @@ def print_table(out: dict) -> None:
     print(render_table(["host GiB", "pages dev + host", "hit rate", "last half", "sim LRU", "sim optimal",
                         "hybrid LRU", "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
                        title=f"hicache sweep: {Path(out['config']).stem}, {out['workload']}, {out['requests']} "
-                             f"requests, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"))
+                             f"requests, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"
+                             + (", policy-only (--bytes none)" if out.get("bytes") == "none" else "")))
     print()
     print(f"ceiling (unlimited memory): {out['ceiling']:.2%} of all prompt tokens, "
           f"{out['ceiling_last_half']:.2%} of the last half")
