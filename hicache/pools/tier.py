@@ -207,6 +207,9 @@ class TierPools:
                 else:
                     view = empty(slot.num_layers, cap, slot.unit_bytes)
                 self.sidecars[fam.name] = SidecarPool(fam, tier, view, rows.get(fam.name, cap))
+        # the sidecars on each anchor, in layout order (what alloc, free and move visit)
+        self._on: dict[str, tuple[SidecarPool, ...]] = {
+            s: tuple(sc for sc in self.sidecars.values() if sc.source == s) for s in SOURCES}
 
     # -- allocation ---------------------------------------------------------------------
     def capacity(self, source: str) -> int:
@@ -226,9 +229,7 @@ class TierPools:
             return result
         ids = result.ids.numpy()
         done: list[SidecarPool] = []
-        for sc in self.sidecars.values():
-            if sc.source != source:
-                continue
+        for sc in self._on[source]:
             if not sc.bind(ids):
                 for prev in done:
                     prev.unbind(ids)
@@ -242,10 +243,9 @@ class TierPools:
         arr = as_id_array(ids)
         anchor = self._anchor(source)
         anchor.check_ids(arr, must_be_used=True)
-        for sc in self.sidecars.values():
-            if sc.source == source:
-                sc.unbind(arr)
-        anchor.free(arr)
+        for sc in self._on[source]:
+            sc.unbind(arr)
+        anchor.free(arr, checked=True)
 
     def _anchor(self, source: str) -> IndexAllocator | ArenaSide:
         try:
@@ -337,11 +337,10 @@ class TierPools:
             src = torch.from_numpy(old).to(obj.device)
             obj.index_copy_(0, torch.from_numpy(new).to(obj.device), obj.index_select(0, src))
         arena.relocate(source, old, new)
-        for sc in self.sidecars.values():
-            if sc.source == source:
-                sc.unbind(old)
-                bound = sc.bind(new)
-                assert bound, f"{self.tier}/{sc.name}: a shared arena binds every row"
+        for sc in self._on[source]:
+            sc.unbind(old)
+            bound = sc.bind(new)
+            assert bound, f"{self.tier}/{sc.name}: a shared arena binds every row"
 
     # -- checks -------------------------------------------------------------------------
     def check_integrity(self) -> None:
