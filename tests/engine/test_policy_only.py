@@ -23,8 +23,9 @@ from hicache.errors import ConfigError
 
 KiB, MiB = 1 << 10, 1 << 20
 BYTE_ONLY = {"verified_pages", "mismatched_pages"}   # what only a byte replay can count
-# transfer stats both modes must agree on (seconds and GB/s are the copies' own)
-TRANSFER_KEYS = ("bytes", "launched_bytes", "ops", "batches", "launches", "failures")
+# transfer stats both modes must agree on (seconds and GB/s are the copies' own; launches
+# follow the device: a CUDA byte replay loads layer by layer, a pool without bytes as a CPU one)
+TRANSFER_KEYS = ("bytes", "launched_bytes", "ops", "batches", "failures")
 
 AGENTIC = AgenticSpec(system_prompts=(2, 3), system_len=(100, 300), task_len=(20, 80), rollouts=(2, 4),
                       steps=(2, 5), call_len=(5, 30), result_len=(10, 60), arrival_rate=1.0,
