@@ -30,6 +30,7 @@ EVICTION_POLICIES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "adaptive")
 ADAPTIVE_CANDIDATES = ("lru", "lfu", "value", "reuse", "reuse-prompt")
 DEFAULT_CANDIDATES = ("lru", "value", "reuse", "reuse-prompt")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
+NO_L3 = "none://"   # the storage URL of a cache without L3
 
 
 @dataclass(frozen=True)
@@ -138,12 +139,23 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class HiCacheConfig:
-    """Everything a :class:`hicache.HiCache` needs besides the layout."""
+    """Everything a :class:`hicache.HiCache` needs besides the layout.
+
+    Pools without bytes (``pools.bytes_mode == "none"``, a policy-only replay) take no L3
+    store: an L3 object is the bytes of a host row, and a store's capacity, eviction and
+    checked headers are about those bytes, so ``storage.url`` must be ``none://``.
+    """
 
     pools: PoolConfig = field(default_factory=PoolConfig)
     tree: TreeConfig = field(default_factory=TreeConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+
+    def __post_init__(self) -> None:
+        if self.pools.bytes_mode == "none" and self.storage.url != NO_L3:
+            raise ConfigError("storage_url", mask_url(self.storage.url),
+                              f"pools without bytes (bytes_mode none) take no L3 store: an L3 object is a "
+                              f"host row's bytes; use {NO_L3}")
 
 
 # YAML key -> (layer, field, parser)
@@ -161,6 +173,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "device_snapshots": ("pools", "device_snapshots", None),
     "host_pages": ("pools", "host_pages", None),
     "host_snapshots": ("pools", "host_snapshots", None),
+    "bytes_mode": ("pools", "bytes_mode", None),
     "eviction": ("tree", "eviction", None),
     "retention_interval": ("tree", "retention_interval", None),
     "adaptive_candidates": ("tree", "adaptive_candidates", None),
@@ -212,9 +225,9 @@ def cache_config_from_mapping(section: Mapping | None, *, model: str = "",
         per_layer["storage"]["salt"] = model
     try:
         built = {name: cls(**per_layer[name]) for name, cls in _LAYERS.items()}
+        return HiCacheConfig(**built)
     except ConfigError as exc:
         raise ConfigError(f"cache.{exc.field}", exc.value, exc.reason, source=source) from None
-    return HiCacheConfig(**built)
 
 
 def load_config(path: str | os.PathLike, *, hf_config: str | None = None,

@@ -37,14 +37,13 @@ import numpy as np
 import torch
 
 from hicache.cache.results import L3Counters
-from hicache.config import StorageConfig
+from hicache.config import NO_L3, StorageConfig
 from hicache.layout import CacheLayout
 from hicache.pools import TierPools
 from hicache.storage import (L3Store, Prefetcher, PrefetchConfig, PrefetchPlan, PrefetchResult, PutTicket,
                              open_backend)
 from hicache.tree import RadixTree, Snapshot, TreeNode
 
-NO_L3 = "none://"
 MAX_PUT_RETRIES = 3  # a put the backend keeps refusing (not a fault: a full store) gives up
 
 

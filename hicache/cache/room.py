@@ -166,20 +166,22 @@ class Room:
         if pools.extent(source.value) <= target or not arena.region(source.value).holes:
             return False
         moves = pools.compaction_moves(source.value)
-        owners = self._owners(tier, source) if moves else {}
-        movable = 0   # the moves whose frontier object the tree owns and nothing holds
-        while movable < len(moves) and moves[movable][0] in owners:
-            movable += 1
-        # the fewest of them that bring the extent down to the target: each move shrinks it,
-        # so a bisection over the count (each probe O(holes))
-        lo, hi = 1, movable
+        # the fewest moves that bring the extent down to the target (all of them when none
+        # do): each move shrinks it, so a bisection over the count (each probe O(holes)) ...
+        lo, hi = 1, len(moves)
         while lo < hi:
             mid = (lo + hi) // 2
             if pools.extent_after(source.value, mid) <= target:
                 hi = mid
             else:
                 lo = mid + 1
-        k = lo if movable else 0
+        moves = moves[:lo]
+        # ... of which the leading ones whose frontier object the tree owns and nothing holds
+        # move (so only their owners are looked up)
+        owners = self._owners(tier, source, {m[0] for m in moves}) if moves else {}
+        k = 0
+        while k < len(moves) and moves[k][0] in owners:
+            k += 1
         if k == 0:
             return False
         old, new = [m[0] for m in moves[:k]], [m[1] for m in moves[:k]]
@@ -203,25 +205,38 @@ class Room:
         self._res.counters.compaction_moves += k
         return True
 
-    def _owners(self, tier: Tier, source: Source) -> dict[int, tuple[TreeNode, int] | Snapshot]:
-        """Movable ids of ``tier``/``source`` -> their one owner (one scan of the tree)."""
+    def _owners(self, tier: Tier, source: Source, wanted: set[int]) -> dict[int, tuple[TreeNode, int] | Snapshot]:
+        """Of the ``wanted`` ids of ``tier``/``source``, the movable ones -> their one owner
+        (a scan of the tree that stops once every wanted id has been seen)."""
         out: dict[int, tuple[TreeNode, int] | Snapshot] = {}
+        left = set(wanted)
         device = tier is Tier.DEVICE
         # A lease's lock on its newest published snapshot keeps it from eviction but holds no
         # row id (the lease refers to the Snapshot), so it may move; a resume snapshot's
         # device row is the lease's snapshot_id, which the engine reads: it stays.
         by_id = {id(s) for s in self._res.resume_snapshots()} if device else set()
         for node in self._res._tree.nodes():
+            if not left:
+                break
             if source is Source.PAGE:
                 ids = node.device_ids if device else node.host_ids
-                if ids is not None and _node_still(node):
-                    out.update({int(i): (node, pos) for pos, i in enumerate(np.asarray(ids).tolist())})
+                if ids is None:
+                    continue
+                hit = [(pos, i) for pos, i in enumerate(np.asarray(ids).tolist()) if i in left]
+                if not hit:
+                    continue
+                left.difference_update(i for _, i in hit)
+                if _node_still(node):
+                    out.update({i: (node, pos) for pos, i in hit})
             else:
                 s = node.snapshot
                 if s is None:
                     continue
                 row = s.device_id if device else s.host_id
-                if row is not None and not s.busy and id(s) not in by_id:
+                if row is None or row not in left:
+                    continue
+                left.discard(row)
+                if not s.busy and id(s) not in by_id:
                     out[row] = s
         return out
 

@@ -2,8 +2,8 @@
 
     hicache replay [--config PATH] [--workload NAME | --trace FILE]
                    [--conversations N] [--seed S] [--storage URL] [--device-gib X] [--host-gib Y]
-                   [--verify full|sample|off] [clock flags] [--json] [--plot FILE.png]
-                   [--requests-out FILE.jsonl] [--metrics-out FILE.prom]
+                   [--verify full|sample|off] [--bytes real|none] [clock flags] [--json]
+                   [--plot FILE.png] [--requests-out FILE.jsonl] [--metrics-out FILE.prom]
 
 ``NAME`` is ``synthetic`` (the chat preset) or a workload family (:data:`WORKLOADS`,
 ``hicache.engine.workloads.FAMILIES``: multi-turn, chat, long-context, long-revisit, agentic,
@@ -13,6 +13,12 @@ The default workload is the ``multi-turn`` synthetic preset, 60 conversations. W
 ``--config`` it runs the main job: the DeepSeek-V4-Flash layout with budgets sized to that
 workload (:data:`MAIN_BUDGETS`) so that device, host and L3 each serve hits under the
 config's policies. With ``--config`` the config's budgets apply.
+
+``--bytes none`` is a policy-only replay: the same cache code and the same decisions on pools
+that hold no bytes (``PoolConfig.bytes_mode``), copies that move none and a clock charged
+the bytes they would have moved, so a large trace replays in minutes. Nothing can be
+verified (``--verify`` is ``off``; ``full`` or ``sample`` is refused) and there is no L3
+(``--storage none://`` is required: an L3 object is a host row's bytes).
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ from hicache.cli.common import (at_least, check_output, parse_candidates, parse_
                                 resolve_config)
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
-from hicache.config import EVICTION_POLICIES, HiCacheConfig, load_config
+from hicache.config import EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, load_config
 from hicache.errors import ConfigError
-from hicache.layout import CacheLayout
+from hicache.layout import CacheLayout, read_config_file
+from hicache.storage import mask_url
 from hicache.units import check_number
 
 GiB = 1024**3
@@ -92,6 +99,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-tier", choices=["inclusive", "exclusive"],
                    help="keep host copies of pages loaded back to device (inclusive) or free them "
                         "(exclusive, needs --write-policy write_back); default: the config's")
+    p.add_argument("--bytes", choices=["real", "none"], default="real",
+                   help="real: the pools hold their bytes and every copy moves them (default); none: a "
+                        "policy-only run -- the same decisions on pools with no bytes, copies that move "
+                        "none (the clock charges what they would), nothing verified, no L3 (needs "
+                        "--storage none://); minutes for a production-size trace")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -100,9 +112,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--admission", choices=["reserve", "greedy"], default="reserve",
                    help="reserve: admit while running requests' final pages fit the device (default); "
                         "greedy: admit up to --max-running and preempt when pages run out")
-    p.add_argument("--verify", choices=["full", "sample", "off"], default="sample",
+    p.add_argument("--verify", choices=["full", "sample", "off"], default=None,
                    help="page checks: every byte (full, for CI proofs), sampled words of every page "
-                        "(sample, default) or none (off)")
+                        "(sample, default) or none (off; the only one with --bytes none)")
     p.add_argument("--copy-landing", choices=["step", "wallclock"], default="step",
                    help="step: a step's device<->host copies land by its end, so replays repeat exactly "
                         "(default); wallclock: they land when the copy threads finish (as a live engine)")
@@ -163,7 +175,28 @@ def cache_overrides(args: argparse.Namespace) -> dict:
         out["adaptive_candidates"] = parse_candidates("--candidates", args.candidates)
     if args.adaptive_window is not None:
         out["adaptive_window"] = at_least("--adaptive-window", args.adaptive_window, 1)
+    if args.bytes != "real":
+        out["bytes_mode"] = args.bytes
     return out
+
+
+def check_bytes_flags(args: argparse.Namespace, path: Path) -> None:
+    """``--bytes none`` with what needs bytes -- a byte check, an L3 store -- is one line.
+    The L3 named by the config (no ``--storage``) counts too: a policy-only run must say
+    ``--storage none://``, or it would silently differ from the byte replay of the same flags."""
+    if args.bytes != "none":
+        return
+    if args.verify not in (None, "off"):
+        raise ConfigError("--verify", args.verify, "needs the pools' bytes; --bytes none replays without "
+                                                   "them (verify is off)")
+    url = args.storage
+    if url is None:
+        section = read_config_file(path).get("cache")
+        url = section.get("storage_url", StorageConfig().url) if isinstance(section, dict) else StorageConfig().url
+    if url != NO_L3:
+        where = "" if args.storage is not None else f" (the L3 of {path.name})"
+        raise ConfigError("--storage", mask_url(str(url)),
+                          f"--bytes none keeps no bytes for an L3 store to hold{where}: add --storage {NO_L3}")
 
 
 def gib_bytes(flag: str, value: float) -> int:
@@ -185,6 +218,7 @@ def budget_overrides(args: argparse.Namespace, device_gib: float | None, host_gi
 def load_cache_config(args: argparse.Namespace, **budgets) -> tuple[Path, CacheLayout, HiCacheConfig]:
     """The config file (or the default) with the flags' overrides and ``budgets`` applied."""
     path = resolve_config(args.config or DEFAULT_CONFIG)
+    check_bytes_flags(args, path)
     over = cache_overrides(args)
     over.update({k: v for k, v in budgets.items() if v is not None})
     retention_set = "retention_interval" in over
@@ -197,7 +231,7 @@ def load_cache_config(args: argparse.Namespace, **budgets) -> tuple[Path, CacheL
 
 def engine_config(args: argparse.Namespace, path: Path):
     """EngineConfig from the flags and the config file's ``engine:`` section."""
-    from hicache.engine import EngineConfig, clock_from_mapping
+    from hicache.engine import EngineConfig, clock_from_mapping, contents
     from hicache.layout import read_config_file
 
     at_least("--max-running", args.max_running, 1)
@@ -209,7 +243,8 @@ def engine_config(args: argparse.Namespace, path: Path):
                 positive_number(f"--{flag.replace('_', '-')}", v)
             flags[key] = v * scale
     clock = clock_from_mapping(read_config_file(path).get("engine"), source=str(path), **flags)
-    return EngineConfig(max_running=args.max_running, admission=args.admission, verify=args.verify,
+    verify = contents.check_mode(args.verify or ("off" if args.bytes == "none" else "sample"))
+    return EngineConfig(max_running=args.max_running, admission=args.admission, verify=verify,
                         copy_landing=args.copy_landing, expect_queued=args.expect_queued, clock=clock)
 
 
@@ -277,5 +312,6 @@ def run(args: argparse.Namespace) -> int:
     summary, report = replay_once(layout, cfg, ecfg, work, progress, args.metrics_out, path.stem)
     emit(args, summary, report,
          lambda: print_summary(summary, title=f"hicache replay: {path.stem}, {work.name}, "
-                                              f"{len(work.requests)} requests"))
+                                              f"{len(work.requests)} requests"
+                                              + (", policy-only (--bytes none)" if args.bytes == "none" else "")))
     return 0 if summary["mismatched_pages"] == 0 else 1

@@ -119,6 +119,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_planned_pages": sum(r.l3_planned_pages for r in recs),
         "l3_landed_pages": sum(r.l3_landed_pages for r in recs),
         "verify": ecfg.verify,
+        "bytes": cache.config.pools.bytes_mode,   # none: a policy-only run (nothing moved or verified)
         "copy_landing": ecfg.copy_landing,
         "clock": dataclasses.asdict(ecfg.clock),
         "virtual_s": round(report.virtual_s, 3),
@@ -173,15 +174,16 @@ def print_summary(summary: dict, *, title: str) -> None:
         ["ceiling (unlimited memory)", f"{s['ceiling']:.1%}"],
         ["hit rate / ceiling, last half of requests", f"{s['hit_rate_last_half']:.1%} / {s['ceiling_last_half']:.1%}"],
         ["recomputed tokens", share(s["recomputed_tokens"])],
-        ["device -> host", f"{format_bytes(s['d2h_bytes'])} at {s['d2h_gbps']} GB/s"],
-        ["host -> device", f"{format_bytes(s['h2d_bytes'])} at {s['h2d_gbps']} GB/s"],
+        ["device -> host", _moved(s, "d2h")],
+        ["host -> device", _moved(s, "h2d")],
         ["host -> L3 / L3 -> host", f"{format_bytes(s['l3_put_bytes'])} / {format_bytes(s['l3_get_bytes'])}"],
         ["evicted pages device / host", f"{s['device_evicted_pages']:,} / {s['host_evicted_pages']:,}"],
         ["device evictions dropped / demoted", f"{s['device_dropped_pages']:,} / {s['device_demoted_pages']:,}"],
         ["snapshots offered / kept / provisional", f"{s['snapshots_offered']:,} / {s['snapshots_kept']:,} / "
                                                    f"{s['snapshots_provisional']:,}"],
         ["snapshots dropped (retention) / evicted", f"{s['snapshots_dropped_retention']:,} / {s['snapshots_evicted']:,}"],
-        ["pages verified / mismatched", f"{s['verified_pages']:,} / {s['mismatched_pages']:,}"],
+        ["pages verified / mismatched", f"{s['verified_pages']:,} / {s['mismatched_pages']:,}"
+         if s.get("bytes") != "none" else "- (policy-only run, --bytes none)"],
         ["L3 faults / rejected values", f"{s['l3_errors']:,} / {s['l3_rejected']:,}"],
         ["device / host budget", f"{format_bytes(s['device_bytes'])} / {format_bytes(s['host_bytes'])}"],
     ]
@@ -196,9 +198,18 @@ def print_summary(summary: dict, *, title: str) -> None:
         ]
     if s.get("skipped_records") is not None:
         rows.append(["trace records skipped / not JSON", f"{s['skipped_records']:,} / {s['parse_errors']:,}"])
+    mode = "policy-only, no bytes" if s.get("bytes") == "none" else f"verify {s['verify']}"
     rows.append(["virtual time / wall time", f"{s['virtual_s']:,.1f} s / {s['wall_s']} s "
-                                             f"({s['requests_per_s']} requests/s, verify {s['verify']})"])
+                                             f"({s['requests_per_s']} requests/s, {mode})"])
     print(render_table(["metric", "value"], rows, align="lr", title=title))
+
+
+def _moved(s: dict, direction: str) -> str:
+    """Bytes a direction's copies moved and at what rate (none moved on pools without bytes:
+    the bytes they stand for, which the clock charged)."""
+    if s.get("bytes") == "none":
+        return f"{format_bytes(s[f'{direction}_bytes'])} (nominal: no bytes moved)"
+    return f"{format_bytes(s[f'{direction}_bytes'])} at {s[f'{direction}_gbps']} GB/s"
 
 
 def _secs(s: dict, prefix: str) -> str:

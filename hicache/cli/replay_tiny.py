@@ -32,7 +32,7 @@ _NOT_FOR_TINY = (("config", "--config", None), ("device_gib", "--device-gib", No
                  ("host_gib", "--host-gib", None), ("prefill_tps", "--prefill-tps", None),
                  ("decode_step_ms", "--decode-step-ms", None), ("h2d_gbps", "--h2d-gbps", None),
                  ("d2h_gbps", "--d2h-gbps", None), ("l3_gbps", "--l3-gbps", None),
-                 ("l3_rtt_ms", "--l3-rtt-ms", None), ("verify", "--verify", "sample"),
+                 ("l3_rtt_ms", "--l3-rtt-ms", None), ("verify", "--verify", None), ("bytes", "--bytes", "real"),
                  ("trace", "--trace", None), ("workload", "--workload", "multi-turn"))
 
 

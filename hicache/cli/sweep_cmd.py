@@ -2,10 +2,12 @@
 kvcache-simulator's LRU and optimal at the same bytes.
 
     hicache sweep [--config C] (--trace FILE | --workload W [--conversations N] [--seed S])
-                  --device-gib D --host-gib a,b,c [--write-policy P ...] [--json] [--plot FILE.png]
+                  --device-gib D --host-gib a,b,c [--write-policy P ...] [--bytes real|none]
+                  [--jobs N] [--json] [--plot FILE.png]
 
 Each point is a full replay on a fresh cache (every byte it reads back checked, as
-``--verify`` says). When ``kvcache-simulator`` is installed, its ``lru`` and ``optimal``
+``--verify`` says; with ``--bytes none`` a policy-only replay, the same decisions with no
+bytes moved or checked, see ``hicache replay``). When ``kvcache-simulator`` is installed, its ``lru`` and ``optimal``
 policies run once over the same trace (a workload is first written as a trace with the
 layout's page size as block size) with, per point, the capacity of our device + host
 pages in tokens (a tier that is one arena -- the host with ``--budget shared_host``, both
@@ -21,6 +23,11 @@ ref``); the gap to ``sim_lru`` is what the resume rule alone costs an LRU cache.
 (the sweep test checks it against the simulator). A layout without state (MHA, MLA) resumes
 at any page, so it has no hybrid figure (None).
 
+``--jobs N`` replays up to N points at once, each in a fresh (spawned) process that builds
+or reads the requests again; the points are independent, so the figures are those of
+``--jobs 1``. It needs no L3 (the default), since one process's points share an in-process
+``memory://`` store and separate processes would not.
+
 L3 is off unless ``--storage`` names one: the simulator is given device + host bytes only,
 and an L3 would add bytes it does not have (an in-process ``memory://`` store would also
 outlive each point and serve the next point's replay from the previous one's objects).
@@ -32,12 +39,12 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from hicache.cli.common import check_output, parse_positive_list, print_json
+from hicache.cli.common import at_least, check_output, parse_positive_list, print_json
 from hicache.cli.progress import Progress
 from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, Workload, add_cache_args, add_engine_args, add_source_args,
                                     budget_overrides, engine_config, load_cache_config, load_requests, replay_once)
 from hicache.cli.table import render_table
-from hicache.errors import ConfigError
+from hicache.errors import ConfigError, HiCacheError
 
 NO_L3 = "none://"
 
@@ -62,6 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--sim-indexer-precision", default=None, help="its indexer precision (default: its default)")
     sim.add_argument("--sim-backend", choices=["cpp", "python"], default="cpp", help="its backend (default cpp)")
     sim.add_argument("--no-sim", action="store_true", help="do not run kvcache-simulator")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="points replayed at once, each in its own process (default 1; needs no L3, the default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="hit rate vs host budget (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
@@ -105,32 +114,74 @@ def _capacity_tokens(summary: dict, budget: str, layout, mean_prompt: float) -> 
     return total
 
 
+def _replay_point(args: argparse.Namespace, host: float) -> dict:
+    """One point in a worker process (``--jobs``): the requests built (or read) again, as
+    the parent did; a refusal comes back as ``{"error": ...}`` (exceptions with fields do
+    not cross processes)."""
+    try:
+        work = load_requests(args)
+        path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
+        summary, _ = replay_once(layout, cfg, engine_config(args, path), work, None)
+        return summary
+    except HiCacheError as exc:
+        return {"error": str(exc)}
+
+
+def _replay_points(args: argparse.Namespace, hosts: list[float], jobs: int, progress: Progress,
+                   work: Workload) -> list[dict]:
+    """The points' summaries, in ``hosts`` order: one after another, or ``jobs`` at a time in
+    fresh (spawned) processes -- every point is a fresh cache either way."""
+    n = len(work.requests)
+    if jobs == 1:
+        summaries = []
+        for i, host in enumerate(hosts):
+            path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
+
+            def step(done: int, total: int, offset: int = i * n, host: float = host) -> None:
+                progress(offset + done, n * len(hosts), f"host {host:g} GiB")
+
+            summaries.append(replay_once(layout, cfg, engine_config(args, path), work, step)[0])
+        return summaries
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(hosts)), mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_replay_point, args, host) for host in hosts]
+        for done, _ in enumerate(cf.as_completed(futures), 1):
+            progress(done * n, n * len(hosts), f"{done}/{len(hosts)} points")
+        summaries = [f.result() for f in futures]
+    for s in summaries:
+        if "error" in s:
+            raise HiCacheError(s["error"])
+    return summaries
+
+
 def run(args: argparse.Namespace) -> int:
     from hicache.engine import hybrid_ref, kvsim
 
     hosts = parse_budgets(args.host_gib)
     if args.storage is None:
         args.storage = NO_L3   # same bytes as the simulator (module docstring)
+    jobs = at_least("--jobs", args.jobs, 1)
+    assert jobs is not None
+    if jobs > 1 and args.storage != NO_L3:
+        raise ConfigError("--jobs", jobs, f"needs --storage {NO_L3}: points in separate processes would not "
+                                          "share an in-process L3 as one process's points do")
     check_output("--plot", args.plot)
     work = load_requests(args)
     n = len(work.requests)
     progress = Progress("sweep", n * len(hosts), enabled=not args.quiet)
-    points, summaries = [], []
     layout = cfg = path = ecfg = None
-    for i, host in enumerate(hosts):
+    for host in hosts:   # every point's config is checked before any replay
         path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
         ecfg = engine_config(args, path)
-
-        def step(done: int, total: int, offset: int = i * n) -> None:
-            progress(offset + done, n * len(hosts), f"host {host:g} GiB")
-
-        summary, _ = replay_once(layout, cfg, ecfg, work, step)
-        summaries.append(summary)
-        points.append(_point(summary, args.device_gib, host))
     assert layout is not None and cfg is not None and ecfg is not None, "parse_budgets returns at least one budget"
+    summaries = _replay_points(args, hosts, jobs, progress, work)
+    points = [_point(s, args.device_gib, host) for s, host in zip(summaries, hosts)]
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
+           "bytes": summaries[0]["bytes"],
            "budget": cfg.pools.budget, "storage": cfg.storage.url}
     out.update(work.trace_info)
     if not args.no_sim and kvsim.available():
@@ -192,7 +243,8 @@ def print_table(out: dict) -> None:
     print(render_table(["host GiB", "pages dev + host", "hit rate", "last half", "sim LRU", "sim optimal",
                         "hybrid LRU", "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
                        title=f"hicache sweep: {Path(out['config']).stem}, {out['workload']}, {out['requests']} "
-                             f"requests, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"))
+                             f"requests, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"
+                             + (", policy-only (--bytes none)" if out.get("bytes") == "none" else "")))
     print()
     print(f"ceiling (unlimited memory): {out['ceiling']:.2%} of all prompt tokens, "
           f"{out['ceiling_last_half']:.2%} of the last half")

@@ -219,7 +219,8 @@ def compute(cache, lease, hashes: Sequence[bytes], done_tokens: int, upto_tokens
     if need > 0 and not cache.alloc_pages(lease, need).ok:
         return False
     lo, hi = done_tokens // P, upto_tokens // P
-    fill(cache.pools.device, "page", lease.page_table[lo:hi], page_seeds(hashes[lo:hi]), mode)
+    if mode != "off":
+        fill(cache.pools.device, "page", lease.page_table[lo:hi], page_seeds(hashes[lo:hi]), mode)
     return True
 
 
@@ -233,5 +234,6 @@ def publish(cache, lease, tokens, done_tokens: int, hashes: Sequence[bytes], why
         alloc = cache.alloc_snapshot(lease)
         if alloc.ok:
             snap = alloc
-            fill(cache.pools.device, "state", [int(alloc.ids[0])], [snapshot_seed(hashes[pages - 1])], mode)
+            if mode != "off":   # (with off, ``hashes`` may be empty: nothing is written)
+                fill(cache.pools.device, "state", [int(alloc.ids[0])], [snapshot_seed(hashes[pages - 1])], mode)
     cache.publish(lease, tokens[:done_tokens], pages, snapshot=snap, why=why)

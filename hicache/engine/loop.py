@@ -15,7 +15,10 @@ of the cache, per request::
 (:mod:`hicache.engine.contents`), so every page a request borrows -- whichever tier it came
 from -- is checked (``EngineConfig.verify``: every byte, sampled words, or nothing). A
 request whose pages cannot be allocated is preempted (released and re-queued), as engines
-do. Copies and L3 reads happen for real; only the time they take is the clock's.
+do. Copies and L3 reads happen for real; only the time they take is the clock's. On pools
+without bytes (``PoolConfig.bytes_mode="none"``: a policy-only replay) nothing is written,
+copied or checked (``verify`` must be ``off``) and every decision is the same: the clock
+charges the bytes the copies would have moved.
 
 ``ReferenceEngine.run`` replays the requests twice: once without any cache (only the
 clock runs: the baseline time to first token) and once through the cache.
@@ -34,6 +37,7 @@ from hicache.engine.clock import ClockConfig
 from hicache.engine.records import (ADMISSION_POLICIES, CopyLanding, EngineConfig, EngineReport, EngineRequest,
                                     Job, NullExecutor, RequestRecord)
 from hicache.engine.scheduler import Scheduler
+from hicache.errors import ConfigError
 
 __all__ = ["ADMISSION_POLICIES", "CacheExecutor", "EngineConfig", "EngineReport", "ReferenceEngine",
            "RequestRecord"]
@@ -45,7 +49,7 @@ class _Held:
 
     lease: Lease
     tokens: np.ndarray      # prompt + output
-    hashes: list[bytes]
+    hashes: list[bytes]     # page hashes: the contents' seeds (empty with verify off)
 
 
 def _held(job: Job) -> _Held:
@@ -87,6 +91,9 @@ class CacheExecutor:
 
     def __init__(self, cache: HiCache, verify: contents.VerifyMode, clock: ClockConfig,
                  copy_landing: CopyLanding = "step"):
+        if not cache.pools.holds_bytes and verify != "off":
+            raise ConfigError("verify", verify, "pools without bytes (a policy-only run) have nothing to "
+                                                "write or check: use off")
         self.cache = cache
         self.settle = copy_landing == "step"   # EngineConfig.copy_landing
         self.mode = verify
@@ -160,7 +167,7 @@ class CacheExecutor:
         req, rec = job.req, job.record
         prompt = np.asarray(req.prompt, np.int32)
         tokens = np.concatenate([prompt, np.asarray(req.output, np.int32)])
-        hashes = self.cache.page_hashes(tokens)
+        hashes = self.cache.page_hashes(tokens) if self.mode != "off" else []   # the contents' seeds
         match = self.cache.match(prompt)
         job.branch = match.branch_tokens
         lease = self.cache.load(match, start=False)

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from hicache.layout import CacheLayout
 from hicache.pools.anchor import AllocResult, Allocation, IndexAllocator, NoRoom, as_id_array
-from hicache.pools.config import ARENA_TIERS, POOL_BUDGETS, PoolBudget, PoolConfig, PoolPlan, plan_pools, resolve_device
+from hicache.pools.config import ARENA_TIERS, BYTES_MODES, POOL_BUDGETS, BytesMode, PoolBudget, PoolConfig, PoolPlan, plan_pools, resolve_device
 from hicache.pools.tier import BUDGET_MODES, HOST_LAYOUTS, SOURCES, ObjectSlot, SidecarPool, Source, Tier, TierPools, object_slots
 
 
@@ -34,6 +36,11 @@ class TieredPools:
         """The pools of one tier (``Tier.DEVICE`` or ``Tier.HOST``)."""
         return self.device if Tier(tier) is Tier.DEVICE else self.host
 
+    @property
+    def holds_bytes(self) -> bool:
+        """False for pools built with ``bytes_mode="none"``: ids and geometry, no bytes."""
+        return self.device.holds_bytes
+
     def check_integrity(self) -> None:
         self.device.check_integrity()
         self.host.check_integrity()
@@ -44,10 +51,14 @@ def build_pools(layout: CacheLayout, cfg: PoolConfig, *, plan: PoolPlan | None =
     the plan sizes as an arena (``budget: shared`` both, ``shared_host`` the host) is one
     page_first arena.
 
-    Host memory is pinned when the device is CUDA, so copies run as true async DMA.
+    Host memory is pinned when the device is CUDA, so copies run as true async DMA. With
+    ``cfg.bytes_mode == "none"`` both tiers are built on the ``meta`` device: the same ids
+    and geometry, no bytes (:class:`TierPools`).
     """
     plan = plan or plan_pools(layout, cfg)
-    device = resolve_device(cfg.device)
+    real = cfg.bytes_mode == "real"
+    device = resolve_device(cfg.device) if real else torch.device("meta")
+    host_device = "cpu" if real else device
     pin = device.type == "cuda"
     if plan.device_arena is not None:
         dev = TierPools(layout, "device", arena_bytes=plan.device_arena, state_cap_bytes=plan.device_state_cap,
@@ -57,15 +68,15 @@ def build_pools(layout: CacheLayout, cfg: PoolConfig, *, plan: PoolPlan | None =
                         device=device)
     if plan.host_arena is not None:
         host = TierPools(layout, "host", arena_bytes=plan.host_arena, state_cap_bytes=plan.host_state_cap,
-                         device="cpu", pin_memory=pin)
+                         device=host_device, pin_memory=pin)
     else:
         host = TierPools(layout, "host", num_pages=plan.host_pages, num_snapshots=plan.host_snapshots,
-                         device="cpu", host_layout=cfg.host_layout, pin_memory=pin)
+                         device=host_device, host_layout=cfg.host_layout, pin_memory=pin)
     return TieredPools(layout, plan, dev, host)
 
 __all__ = [
     "AllocResult", "Allocation", "IndexAllocator", "NoRoom", "as_id_array",
-    "ARENA_TIERS", "POOL_BUDGETS", "PoolBudget", "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
+    "ARENA_TIERS", "BYTES_MODES", "BytesMode", "POOL_BUDGETS", "PoolBudget", "PoolConfig", "PoolPlan", "plan_pools", "resolve_device",
     "BUDGET_MODES", "HOST_LAYOUTS", "SOURCES", "ObjectSlot", "SidecarPool", "Source", "Tier", "TierPools", "object_slots",
     "TieredPools", "build_pools",
 ]

@@ -66,13 +66,15 @@ AllocResult = Union[Allocation, NoRoom]
 
 def as_id_array(ids: object, *, what: str = "ids") -> np.ndarray:
     """Normalise a tensor / list / array of ids to a 1-D int64 numpy array (a copy)."""
+    if isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1:
+        return ids.copy()   # the common case, without the general checks' overhead
     if isinstance(ids, torch.Tensor):
         if ids.dtype.is_floating_point or ids.dtype == torch.bool:
             raise MisuseError(f"{what} must be integers, got dtype {ids.dtype}")
         arr = ids.detach().to("cpu", torch.int64).numpy().copy()
     else:
         arr = np.asarray(ids)
-        if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        if arr.size and arr.dtype.kind not in "iu":   # integers (not bool, not float)
             raise MisuseError(f"{what} must be integers, got {arr.dtype}")
         arr = arr.astype(np.int64, copy=True)
     if arr.ndim != 1:
@@ -86,12 +88,15 @@ def check_ids(name: str, capacity: int, arr: np.ndarray, used: Callable[[np.ndar
     (``used(arr)``: their used flags) free when they ``must_be_used`` / used when not."""
     if arr.size == 0:
         return
-    bad = arr[(arr < 0) | (arr >= capacity)]
-    if bad.size:
+    # one sort finds both the range and the duplicates (a single id needs neither)
+    srt = arr if arr.size == 1 else np.sort(arr)
+    if srt[0] < 0 or srt[-1] >= capacity:
+        bad = arr[(arr < 0) | (arr >= capacity)]
         raise MisuseError(f"{name}: id {int(bad[0])} out of range [0, {capacity})")
-    uniq, counts = np.unique(arr, return_counts=True)
-    if (counts > 1).any():
-        raise MisuseError(f"{name}: id {int(uniq[counts > 1][0])} given twice")
+    if arr.size > 1:
+        dup = srt[1:] == srt[:-1]
+        if dup.any():
+            raise MisuseError(f"{name}: id {int(srt[1:][dup][0])} given twice")
     state = used(arr)
     wrong = arr[~state] if must_be_used else arr[state]
     if wrong.size:
@@ -134,10 +139,12 @@ class IndexAllocator:
         """Raise :class:`MisuseError` for out-of-range, duplicate or wrong-state ids."""
         check_ids(self.name, self.capacity, arr, lambda a: self._used[a], must_be_used=must_be_used)
 
-    def free(self, ids: object) -> None:
-        """Return ids to the pool. Freeing an id that is not allocated raises."""
-        arr = as_id_array(ids)
-        self.check_ids(arr, must_be_used=True)
+    def free(self, ids: object, *, checked: bool = False) -> None:
+        """Return ids to the pool. Freeing an id that is not allocated raises (``checked``:
+        the caller has just run :meth:`check_ids` on this int64 array)."""
+        arr = ids if checked and isinstance(ids, np.ndarray) else as_id_array(ids)
+        if not checked:
+            self.check_ids(arr, must_be_used=True)
         self._used[arr] = False
         self._free[self._top: self._top + arr.size] = arr[::-1]
         self._top += arr.size

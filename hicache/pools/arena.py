@@ -181,10 +181,12 @@ class ArenaSide:
         check_ids(self.name, self.capacity, arr, lambda a: self._region.used[self.ranks(a)],
                   must_be_used=must_be_used)
 
-    def free(self, ids: object) -> None:
-        """Return ids to the arena. Freeing an id that is not allocated raises."""
-        arr = as_id_array(ids)
-        self.check_ids(arr, must_be_used=True)
+    def free(self, ids: object, *, checked: bool = False) -> None:
+        """Return ids to the arena. Freeing an id that is not allocated raises (``checked``:
+        the caller has just run :meth:`check_ids` on this int64 array)."""
+        arr = ids if checked and isinstance(ids, np.ndarray) else as_id_array(ids)
+        if not checked:
+            self.check_ids(arr, must_be_used=True)
         self._region.release(self.ranks(arr))
 
     def is_used(self, ids: object) -> np.ndarray:

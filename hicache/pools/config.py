@@ -31,6 +31,11 @@ holds cached chains, which move freely, so there the arena lets the traffic choo
 The host budget is ``host_bytes`` or ``host_ratio`` x the device budget; a host budget
 over the available memory minus ``host_reserve_bytes`` is refused, because an oversized
 pinned pool takes the machine down rather than failing cleanly.
+
+``bytes_mode``: ``real`` (default) allocates the budgets; ``none`` builds the same pools
+with no bytes (``meta`` tensors: ids, geometry and every allocation decision, no memory),
+for a policy-only replay (``hicache replay --bytes none``). Only the ids' bookkeeping is then
+checked against the available memory, and the device is nominal (no GPU is needed).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ _DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
 ID_BOOKKEEPING_BYTES = 16
 
 ARENA_ALIGN = 8   # an arena's bytes are a multiple of this: the widest view of its objects (see _aligned)
+BytesMode = Literal["real", "none"]
+BYTES_MODES = ("real", "none")
 PoolBudget = Literal["split", "shared_host", "shared"]
 POOL_BUDGETS = ("split", "shared_host", "shared")
 # the tiers each budget makes one arena (the rest are split)
@@ -69,7 +76,8 @@ class PoolConfig:
     bytes + host_snapshots x snapshot bytes`` (host_snapshots only with host_pages); with
     shared they are refused. ``budget`` picks split, shared_host or shared (see the module
     docstring); ``state_share`` is the state split of a split tier (default 0.2) or the cap
-    of a shared arena's snapshots (``shared`` only, default none).
+    of a shared arena's snapshots (``shared`` only, default none). ``bytes_mode``: ``real``
+    pools hold their bytes; ``none`` pools hold none (see the module docstring).
     """
 
     device: str = "cpu"
@@ -84,8 +92,11 @@ class PoolConfig:
     device_snapshots: int | None = None
     host_pages: int | None = None
     host_snapshots: int | None = None
+    bytes_mode: BytesMode = "real"
 
     def __post_init__(self) -> None:
+        if self.bytes_mode not in BYTES_MODES:
+            raise ConfigError("bytes_mode", self.bytes_mode, f"must be one of {list(BYTES_MODES)}")
         if self.host_layout not in HOST_LAYOUTS:
             raise ConfigError("host_layout", self.host_layout, f"must be one of {list(HOST_LAYOUTS)}")
         for name in ("device_bytes", "host_reserve_bytes"):
@@ -245,6 +256,8 @@ def plan_pools(layout: CacheLayout, cfg: PoolConfig, *, available_bytes: int | N
         raise ConfigError(name, counts[name],
                           f"{sum(counts.values()):,} page and snapshot ids need {book / GiB:.2f} GiB of host "
                           f"memory for their allocators but only {max(limit, 0) / GiB:.2f} GiB is available")
+    if cfg.bytes_mode == "none":   # no bytes: the ids' bookkeeping is all the memory it costs
+        return plan
     if plan.host_bytes > limit:
         value = {"host_bytes": cfg.host_bytes, "host_ratio": cfg.host_ratio, "host_pages": cfg.host_pages}[host_field]
         raise ConfigError(host_field, value,

@@ -21,6 +21,13 @@ arrays, pages from the low end and snapshots from the high end, page_first on ev
     arena: [page 0 | page 1 | ...  middle (free)  ... | state S-2 | state S-1]
 
 Its family views are derived exactly as for page_first, so copies need nothing new.
+
+Pools without bytes (``device="meta"``, what ``PoolConfig.bytes_mode="none"`` builds for a
+policy-only replay): every tensor above is a ``meta`` tensor -- the same shapes, strides and
+object geometry, no storage -- so a 100 GiB budget costs only its ids' bookkeeping. The
+anchors, the arena and the sidecars' bound rows are kept exactly as with bytes, and
+:meth:`TierPools.move` moves ids only. Reading or writing such a view is a bug (torch
+raises when its data is asked for).
 """
 
 from __future__ import annotations
@@ -159,6 +166,7 @@ class TierPools:
         self.layout = layout
         self.tier = tier
         self.device = torch.device(device)
+        self.holds_bytes = self.device.type != "meta"   # meta: ids and geometry, no bytes
         self.host_layout: HostLayout = host_layout
         self.budget: BudgetMode = "shared" if shared else "split"
         self.objects: dict[str, torch.Tensor] = {}
@@ -199,6 +207,9 @@ class TierPools:
                 else:
                     view = empty(slot.num_layers, cap, slot.unit_bytes)
                 self.sidecars[fam.name] = SidecarPool(fam, tier, view, rows.get(fam.name, cap))
+        # the sidecars on each anchor, in layout order (what alloc, free and move visit)
+        self._on: dict[str, tuple[SidecarPool, ...]] = {
+            s: tuple(sc for sc in self.sidecars.values() if sc.source == s) for s in SOURCES}
 
     # -- allocation ---------------------------------------------------------------------
     def capacity(self, source: str) -> int:
@@ -218,9 +229,7 @@ class TierPools:
             return result
         ids = result.ids.numpy()
         done: list[SidecarPool] = []
-        for sc in self.sidecars.values():
-            if sc.source != source:
-                continue
+        for sc in self._on[source]:
             if not sc.bind(ids):
                 for prev in done:
                     prev.unbind(ids)
@@ -234,10 +243,9 @@ class TierPools:
         arr = as_id_array(ids)
         anchor = self._anchor(source)
         anchor.check_ids(arr, must_be_used=True)
-        for sc in self.sidecars.values():
-            if sc.source == source:
-                sc.unbind(arr)
-        anchor.free(arr)
+        for sc in self._on[source]:
+            sc.unbind(arr)
+        anchor.free(arr, checked=True)
 
     def _anchor(self, source: str) -> IndexAllocator | ArenaSide:
         try:
@@ -262,6 +270,7 @@ class TierPools:
 
     @property
     def nbytes(self) -> int:
+        """Bytes the tier's tensors hold (a pool without bytes: what they would hold)."""
         if self._buffer is not None:
             return int(self._buffer.numel())
         if self.objects:
@@ -313,7 +322,8 @@ class TierPools:
         ``old_ids`` must be allocated, ``new_ids`` free, the two sets disjoint, and no new
         id may reach into the other kind's region (:class:`MisuseError`, nothing changed).
         The copy runs on the tier's device (on CUDA it is queued on the current stream,
-        which the transfer controller's side streams wait on before each batch). The caller
+        which the transfer controller's side streams wait on before each batch); a tier
+        without bytes moves the ids alone, with the same checks. The caller
         must not move an id a copy in flight reads or writes, and updates its own
         references to the ids.
         """
@@ -323,15 +333,14 @@ class TierPools:
         if old.size == 0:
             return
         obj = self.objects[source]
-        if obj.shape[1]:
+        if obj.shape[1] and self.holds_bytes:
             src = torch.from_numpy(old).to(obj.device)
             obj.index_copy_(0, torch.from_numpy(new).to(obj.device), obj.index_select(0, src))
         arena.relocate(source, old, new)
-        for sc in self.sidecars.values():
-            if sc.source == source:
-                sc.unbind(old)
-                bound = sc.bind(new)
-                assert bound, f"{self.tier}/{sc.name}: a shared arena binds every row"
+        for sc in self._on[source]:
+            sc.unbind(old)
+            bound = sc.bind(new)
+            assert bound, f"{self.tier}/{sc.name}: a shared arena binds every row"
 
     # -- checks -------------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -125,15 +125,18 @@ class Batch:
     ``done``; on CUDA ``events`` (one per group) are queried.
     """
 
-    def __init__(self, seq: int, direction: str, ops: list[Op], plan: CopyPlan,
-                 groups: list[tuple[int | None, tuple[Segment, ...]]]):
+    def __init__(self, seq: int, direction: str, ops: list[Op], plan: CopyPlan | None,
+                 groups: list[tuple[int | None, tuple[Segment, ...]]], nbytes: int | None = None):
+        # plan None: pools without bytes -- nothing to copy; ``nbytes`` is what a copy of
+        # these ops would move, ``groups`` the launches it would make (segments empty)
+        assert plan is not None or nbytes is not None, "a batch without a plan needs its nominal bytes"
         self.seq = seq
         self.direction = direction
         self.ops = ops
         self.plan = plan
         self.groups = groups
         self.group_of = {lid: i for i, (lid, _) in enumerate(groups) if lid is not None}
-        self.nbytes = plan.nbytes
+        self.nbytes = plan.nbytes if plan is not None else int(nbytes or 0)
         self.rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for source in {op.source for op in ops}:
             mine = [op for op in ops if op.source == source]

@@ -27,7 +27,7 @@ from hicache.errors import MisuseError
 from hicache.pools import SOURCES, NoRoom, TieredPools, TierPools
 from hicache.transfer.batch import DIRECTIONS, OTHER, Batch, Op, plan_phases
 from hicache.transfer.config import TransferConfig
-from hicache.transfer.executor import CANCELLED, CpuExecutor, CudaExecutor, FaultInjector
+from hicache.transfer.executor import CANCELLED, CpuExecutor, CudaExecutor, FaultInjector, NoBytesExecutor
 from hicache.transfer.handles import Ack, CopyHandle, LoadHandle, QueueFull, StepReport
 from hicache.transfer import triton_copy
 from hicache.transfer.kernels import resolve_backend
@@ -52,18 +52,27 @@ class TransferController:
         self._all_layers = frozenset(l for f in layout.families for l in f.layer_ids)
         self._unit_bytes = {s: layout.object_bytes(s) for s in SOURCES}
         device = pools.device.device
-        probe = CopyPlan([make_row_copy(pools.device.view(f.name), pools.host.view(f.name), [], [],
-                                        name=f.name) for f in layout.families])
-        self.backend = resolve_backend(cfg.backend, probe)
-        if self.backend == "triton" and not triton_copy.available():
-            raise MisuseError("backend 'triton' needs the triton package (pip install hicache[triton])")
+        # Pools without bytes: no copy plans and no workers; every op is still queued,
+        # phased, batched and acked as with bytes, and counts the bytes it would move.
+        self.holds_bytes = pools.device.holds_bytes
+        if pools.host.holds_bytes != self.holds_bytes:
+            raise MisuseError("the device and host pools must both hold bytes or both hold none")
         self.load_granularity = cfg.load_granularity
         if self.load_granularity == "auto":
             self.load_granularity = "layer" if device.type == "cuda" else "batch"
-        if device.type == "cuda":
-            self._exec: Any = CudaExecutor(device, self.backend, fault_injector)
+        if not self.holds_bytes:
+            self.backend = "none"
+            self._exec: Any = NoBytesExecutor(fault_injector)
         else:
-            self._exec = CpuExecutor(self.backend, cfg.cpu_threads, fault_injector)
+            probe = CopyPlan([make_row_copy(pools.device.view(f.name), pools.host.view(f.name), [], [],
+                                            name=f.name) for f in layout.families])
+            self.backend = resolve_backend(cfg.backend, probe)
+            if self.backend == "triton" and not triton_copy.available():
+                raise MisuseError("backend 'triton' needs the triton package (pip install hicache[triton])")
+            if device.type == "cuda":
+                self._exec = CudaExecutor(device, self.backend, fault_injector)
+            else:
+                self._exec = CpuExecutor(self.backend, cfg.cpu_threads, fault_injector)
         self._pending: list[Op] = []
         self._inflight: dict[str, deque[Batch]] = {d: deque() for d in DIRECTIONS}
         self._ready: list[Ack] = []
@@ -169,7 +178,24 @@ class TransferController:
         return self._queue("copy", direction, source, src, dst, tag, owns_dst=False)
 
     # -- step -----------------------------------------------------------------------------
+    def _nominal_batch(self, direction: str, ops: list[Op]) -> Batch:
+        """A batch of pools without bytes: no plan; the bytes and launch groups a copy of
+        ``ops`` would have (the groups of :meth:`CopyPlan.groups`, with no segments)."""
+        layers: set[int] = set()
+        for op in ops:
+            if op.src_ids.size:
+                layers |= self._layers[op.source]
+        if direction == "h2d" and self.load_granularity == "layer":
+            groups: list = [(lid, ()) for lid in sorted(layers)]
+        else:
+            groups = [(None, ())] if layers else []
+        batch = Batch(self._batch_seq, direction, ops, None, groups, nbytes=sum(op.nbytes for op in ops))
+        self._batch_seq += 1
+        return batch
+
     def _make_batch(self, direction: str, ops: list[Op]) -> Batch:
+        if not self.holds_bytes:
+            return self._nominal_batch(direction, ops)
         src_tier, dst_tier = self._tiers(direction)
         items = []
         for source in SOURCES:

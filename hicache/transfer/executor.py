@@ -1,6 +1,7 @@
-"""Where batches run: a worker thread per direction on CPU, side streams on CUDA.
+"""Where batches run: a worker thread per direction on CPU, side streams on CUDA, or --
+for pools without bytes -- nowhere (:class:`NoBytesExecutor`).
 
-Both executors run the groups of a batch in order (one group per model layer for loads
+The first two run the groups of a batch in order (one group per model layer for loads
 with ``load_granularity='layer'``), call the fault injector before each group, and record
 progress so :meth:`Batch.wait_layer` can return as each layer lands.
 """
@@ -69,6 +70,7 @@ class CpuExecutor:
                 dep.done_event.wait()
             _check_deps(b)
             start = time.perf_counter()
+            assert b.plan is not None, "a CPU batch copies a plan"
             for idx, (layer_id, segments) in enumerate(b.groups):
                 if b.cancelled:
                     raise TransferError("cancelled by shutdown(wait=False)")
@@ -91,6 +93,36 @@ class CpuExecutor:
         self._workers.clear()
 
 
+class NoBytesExecutor:
+    """Pools without bytes (``PoolConfig.bytes_mode="none"``): there is nothing to copy, so a
+    batch finishes inside ``submit``, on the caller's thread, with no worker.
+
+    Everything around the copy is kept: a batch still fails when a batch it depends on
+    failed, the fault injector is still called before each of its (nominal) launch groups
+    and may raise to fail it, and its ops are acked by ``poll()`` in submission order. A
+    blocking injector would block the caller: there is no other thread to hold.
+    """
+
+    def __init__(self, fault_injector: FaultInjector | None):
+        self.fault_injector = fault_injector
+
+    def submit(self, b: Batch) -> None:
+        try:
+            _check_deps(b)   # every earlier batch has finished: they ran in their submit
+            for idx, (layer_id, _) in enumerate(b.groups):
+                if self.fault_injector is not None:
+                    self.fault_injector(_fault_point(b, layer_id))
+                b.launches += 1
+                b.landed = idx + 1   # no other thread: nobody waits on the condition yet
+        except BaseException as exc:  # the batch's failure, as with bytes
+            b.fail(_describe(exc))
+        else:
+            b.finish()
+
+    def shutdown(self) -> None:
+        pass
+
+
 class CudaExecutor:
     """Launches from the caller's thread onto one side stream per direction.
 
@@ -108,6 +140,7 @@ class CudaExecutor:
     def submit(self, b: Batch) -> None:
         stream = self.streams[b.direction]
         b.events = []
+        assert b.plan is not None, "a CUDA batch copies a plan"
         try:
             _check_deps(b)
             stream.wait_stream(torch.cuda.current_stream(self.device))

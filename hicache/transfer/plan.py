@@ -82,13 +82,15 @@ def check_ids(ids: object, capacity: int, what: str, *, unique: bool) -> np.ndar
     arr = as_id_array(ids, what=what)
     if arr.size == 0:
         return arr
-    bad = arr[(arr < 0) | (arr >= capacity)]
-    if bad.size:
+    srt = np.sort(arr) if unique and arr.size > 1 else arr
+    lo, hi = (srt[0], srt[-1]) if srt is not arr else (arr.min(), arr.max())
+    if lo < 0 or hi >= capacity:
+        bad = arr[(arr < 0) | (arr >= capacity)]
         raise MisuseError(f"{what}: id {int(bad[0])} out of range [0, {capacity})")
-    if unique:
-        uniq, counts = np.unique(arr, return_counts=True)
-        if (counts > 1).any():
-            raise MisuseError(f"{what}: id {int(uniq[counts > 1][0])} given twice "
+    if srt is not arr:
+        dup = srt[1:] == srt[:-1]
+        if dup.any():
+            raise MisuseError(f"{what}: id {int(srt[1:][dup][0])} given twice "
                               "(duplicate destination rows would race)")
     return arr
 

@@ -102,3 +102,54 @@ def test_a_bad_depth_weights_flag_is_one_line(capsys, bad):
     assert main(["replay", "--quiet", f"--depth-weights={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--depth-weights" in err[0]
+
+
+def test_bytes_none_replays_the_byte_replays_records_policy_only(capsys, tmp_path):
+    runs = {}
+    for mode in ("real", "none"):
+        path = tmp_path / f"{mode}.jsonl"
+        rc, out = replay(capsys, "--storage", "none://", "--write-policy", "write_back", "--host-tier", "exclusive",
+                         "--bytes", mode, "--requests-out", str(path))
+        assert rc == 0 and out["bytes"] == mode
+        runs[mode] = out, [json.loads(x) for x in path.read_text().splitlines()]
+    (real, real_rows), (none, none_rows) = runs["real"], runs["none"]
+    assert real["verified_pages"] > 0 and real["verify"] == "sample"
+    assert none["verified_pages"] == 0 and none["verify"] == "off" and none["mismatched_pages"] == 0
+    for row in real_rows + none_rows:
+        row.pop("verified_pages")
+    assert none_rows == real_rows
+    for key in ("hit_tokens", "device_hit_tokens", "host_hit_tokens", "d2h_bytes", "h2d_bytes", "virtual_s",
+                "device_demoted_pages", "host_released_pages", "ttft_p90_s"):
+        assert none[key] == real[key], key
+
+
+def test_bytes_none_table_says_policy_only(capsys):
+    flags = [f for f in SMALL if f != "--json"]
+    assert main(["replay", *flags, "--storage", "none://", "--bytes", "none"]) == 0
+    table = capsys.readouterr().out
+    assert "policy-only (--bytes none)" in table and "policy-only run, --bytes none" in table
+    assert "nominal: no bytes moved" in table
+
+
+@pytest.mark.parametrize("flags, named, says", [
+    (["--bytes", "none", "--storage", "none://", "--verify", "sample"], "--verify", "needs the pools' bytes"),
+    (["--bytes", "none"], "--storage", "add --storage none://"),                       # SMALL's memory://
+    (["--bytes", "none", "--storage", "file:///tmp/x"], "--storage", "add --storage none://"),
+])
+def test_bytes_none_with_what_needs_bytes_is_one_line(capsys, flags, named, says):
+    assert main(["replay", *SMALL, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0] and says in err[0], err
+
+
+def test_bytes_none_names_the_configs_l3_and_the_tiny_model(capsys):
+    assert main(["replay", "--quiet", "--bytes", "none"]) == 2   # the main job's config has memory://
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--storage" in err[0] and "deepseek-v4-flash.yaml" in err[0], err
+    assert main(["replay", "--model", "tiny", "--bytes", "none"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bytes" in err[0], err
+    with pytest.raises(SystemExit) as exc:
+        main(["replay", "--bytes", "some"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "--bytes" in err[0], err

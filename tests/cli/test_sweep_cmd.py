@@ -82,3 +82,18 @@ def test_the_simulators_capacity_is_counted_tier_by_tier(configs_dir):
     assert _capacity_tokens(s, "shared_host", layout, 5000.0) == 200 * P + arena(2**29)
     assert _capacity_tokens(s, "shared", layout, 5000.0) == arena(2**28) + arena(2**29)
     assert 300 * P < arena(2**29) < 2**29 // page * P     # bytes at one snapshot per mean prompt
+
+
+def test_sweep_bytes_none_gives_the_byte_sweeps_points_and_jobs_the_same(trace, capsys):
+    runs = {}
+    for name, extra in (("real", []), ("none", ["--bytes", "none"]), ("none-jobs", ["--bytes", "none", "--jobs", "2"])):
+        assert main(["sweep", *ARGS, "--trace", str(trace), "--no-sim", "--json", *extra]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert (runs["real"]["bytes"], runs["none"]["bytes"], runs["none"]["verify"]) == ("real", "none", "off")
+    keys = [k for k in runs["real"]["points"][0] if k not in ("wall_s", "verified_pages")]
+    for p, q, r in zip(runs["real"]["points"], runs["none"]["points"], runs["none-jobs"]["points"]):
+        assert p["verified_pages"] > 0 and q["verified_pages"] == 0 and p["hit_rate"] > 0
+        assert {k: q[k] for k in keys} == {k: p[k] for k in keys} == {k: r[k] for k in keys}
+    assert main(["sweep", *ARGS, "--trace", str(trace), "--no-sim", "--jobs", "2", "--storage", "memory://"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--jobs" in err[0] and "none://" in err[0], err
