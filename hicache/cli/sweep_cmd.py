@@ -49,6 +49,7 @@ from hicache.errors import ConfigError, HiCacheError
 NO_L3 = "none://"
 
 POINT_KEYS = ("device_gib", "host_gib", "device_pages", "host_pages", "hit_rate", "hit_rate_last_half",
+              "hit_rate_last_half_sim", "rejected_requests", "policy_followed", "policy_switches",
               "sim_gib", "sim_blocks", "sim_status", "sim_lru", "sim_optimal", "device_hit_tokens",
               "host_hit_tokens", "l3_hit_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
               "ttft_uncached_p50_s", "queue_p90_s", "preemptions", "verified_pages", "mismatched_pages", "wall_s")

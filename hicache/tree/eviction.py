@@ -152,7 +152,7 @@ class Ranked:
 
     def __init__(self, name: str, *, superseded_first: bool = False, idle_tails_first: bool = False,
                  intermediate_first: bool = False, forks_last: bool = False, refresh_forks: bool = False,
-                 idle_chunks_first: bool = False):
+                 idle_chunks_first: bool = False, passed_only: bool = False):
         self.name = name
         self.superseded_first = superseded_first
         self.idle_tails_first = idle_tails_first
@@ -160,6 +160,7 @@ class Ranked:
         self.forks_last = forks_last
         self.refresh_forks = refresh_forks
         self.idle_chunks_first = idle_chunks_first
+        self.passed_only = passed_only
 
     def node_priority(self, node: RankedNode) -> tuple:
         return (1, node.last_access)
@@ -169,7 +170,7 @@ class Ranked:
         if self.forks_last and nb >= 2:
             return (2, snap.last_access)
         if node.snapshots_below > 0 and nb <= 1 and not node.forked:
-            if self.intermediate_first or (self.superseded_first and (snap.resumed or snap.passed)):
+            if self.intermediate_first or (self.superseded_first and (snap.passed if self.passed_only else (snap.resumed or snap.passed))):
                 return (0, snap.last_access)
             if self.idle_chunks_first and snap.kind == "prefill" and not snap.resumed:
                 return (0, snap.last_access)
@@ -226,6 +227,7 @@ class Value(Ranked):
 CANDIDATES: dict[str, dict[str, bool]] = {
     "reuse": {"superseded_first": True, "forks_last": True, "refresh_forks": True},
     "reuse-prompt": {"superseded_first": True, "idle_tails_first": True},
+    "reuse-prompt-late": {"superseded_first": True, "passed_only": True, "idle_tails_first": True},
 }
 
 

@@ -39,7 +39,9 @@ class Request:
     ``prompt`` only (the output opens with thinking that later prompts drop). Requests
     loaded from a trace carry synthetic outputs that later prompts do not contain (a trace
     records only prompt blocks), except along linked turns. ``source_line`` is the trace
-    line a request was read from (None for built workloads).
+    line a request was read from (None for built workloads); ``hashed_tokens`` how many of
+    its prompt tokens kvcache-simulator counts (its hashed blocks; None for built
+    workloads, whose written traces hash every prompt token).
     """
 
     request_id: int
@@ -49,6 +51,7 @@ class Request:
     prompt: np.ndarray
     output: np.ndarray
     source_line: int | None = None
+    hashed_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("prompt", "output"):

@@ -273,7 +273,7 @@ def requests_from_lines(records: Sequence[TraceLine], bs: int, *, vocab_size: in
                                     low=FIRST_TEXT_ID, high=vocab_size)
             output.flags.writeable = False
         requests.append(Request(i, r.conversation_id, r.turn, (r.timestamp_ms - first_ts) / 1000.0,
-                                prompts[i], output, source_line=r.line))
+                                prompts[i], output, source_line=r.line, hashed_tokens=r.hashed_tokens))
     return requests
 
 
