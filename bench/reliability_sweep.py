@@ -1,8 +1,9 @@
 """A timed random sweep of ``hicache stress`` configurations: the reliability floor's proof.
 
 Each configuration is a ``hicache stress`` command line drawn at random over layouts, write
-policies, host tiers, eviction strategies, retention, snapshot slots, transfer queue sizes
-(1 to 4096), concurrency, tier sizes, L3 prefetch and injected copy faults. It runs in a
+policies, host tiers, eviction strategies (``adaptive`` among them, switching between its
+candidates over a short window), retention, snapshot slots, transfer queue sizes (1 to
+4096), concurrency, tier sizes, L3 prefetch and injected copy faults. It runs in a
 worker process exactly as a user would type it (``hicache.cli.main.main``), so any failure
 is reproduced by the command line the sweep prints::
 
@@ -43,12 +44,15 @@ def draw(rng: random.Random, ops: int) -> list[str]:
     queue = rng.choice([1, 1, 2, 3, 4, 8, 64, 4096, int(2 ** rng.uniform(0, 12))])
     device = rng.randint(6, 24)
     args = ["--config", layout, "--ops", str(ops), "--seed", str(rng.randrange(1 << 31)),
-            "--write-policy", policy, "--host-tier", tier, "--eviction", rng.choice(["lru", "lfu", "value"]),
+            "--write-policy", policy, "--host-tier", tier,
+            "--eviction", rng.choice(["lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late",
+                                      "adaptive", "adaptive"]),
             "--max-queued-ops", str(queue), "--max-running", str(rng.randint(1, 4)),
             "--device-pages", str(device), "--host-pages", str(rng.randint(4, 48)),
             "--prefetch", str(rng.choice([0.0, 0.3, 0.6, 0.9])),
             "--fault-rate", str(rng.choice([0.0, 0.0, 0.02, 0.1])),
-            "--budget", rng.choice(["split", "shared"])]
+            "--budget", rng.choice(["split", "shared"]),
+            "--adaptive-window", str(rng.choice([4, 16, 64]))]
     if hybrid:
         page_tokens = 16 if layout == "tiny-hybrid" else 256
         retention = rng.choice(["none", "0", str(page_tokens * rng.randint(1, 4))])

@@ -53,7 +53,7 @@ class TreeConfig:
     retention_interval: int | None = None
     adaptive_candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     adaptive_window: int = 300
-    adaptive_margin: float = 0.01
+    adaptive_margin: float = 0.03
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:

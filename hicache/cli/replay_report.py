@@ -187,6 +187,10 @@ def print_summary(summary: dict, *, title: str) -> None:
     rows = hit_rows(s) + [
         ["ceiling (unlimited memory)", f"{s['ceiling']:.1%}"],
         ["hit rate / ceiling, last half of requests", f"{s['hit_rate_last_half']:.1%} / {s['ceiling_last_half']:.1%}"],
+    ]
+    if s.get("hit_rate_last_half_sim") is not None:
+        rows.append(["  as kvcache-simulator counts it (hashed blocks)", f"{s['hit_rate_last_half_sim']:.1%}"])
+    rows += policy_rows(s) + [
         ["recomputed tokens", share(s["recomputed_tokens"])],
         ["device -> host", _moved(s, "d2h")],
         ["host -> device", _moved(s, "h2d")],
@@ -216,6 +220,21 @@ def print_summary(summary: dict, *, title: str) -> None:
     rows.append(["virtual time / wall time", f"{s['virtual_s']:,.1f} s / {s['wall_s']} s "
                                              f"({s['requests_per_s']} requests/s, {mode})"])
     print(render_table(["metric", "value"], rows, align="lr", title=title))
+
+
+def policy_rows(s: dict) -> list[list[str]]:
+    """Which order the cache followed (adaptive: its choice at the end, the switches, the
+    regret against the best candidate per window, every candidate's ghost hits)."""
+    if s.get("eviction") != "adaptive":
+        return [["eviction", str(s.get("eviction"))]]
+    looked = max(s.get("policy_looked_up_pages") or 0, 1)
+    ghosts = ", ".join(f"{k} {v / looked:.1%}" for k, v in (s.get("ghost_hit_pages") or {}).items())
+    rows = [["eviction adaptive: following / switches", f"{s['policy_followed']} / {s['policy_switches']:,}"]]
+    if ghosts:
+        rows += [["  regret (best candidate's ghost hits - followed)", f"{s['policy_regret_pages'] / looked:.2%} of "
+                                                                        "looked-up pages"],
+                 ["  ghost hit rate per candidate", ghosts]]
+    return rows
 
 
 def _moved(s: dict, direction: str) -> str:

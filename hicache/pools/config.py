@@ -153,11 +153,15 @@ class PoolPlan:
         return self.host_pages * self.page_bytes + self.host_snapshots * self.snapshot_bytes
 
     def page_units(self) -> tuple[float, float]:
-        """(the cache in history pages, a snapshot in history pages): the device's pages
-        (an arena: its bytes) plus the host's bytes, each over the page's bytes. What a
-        ghost cache (:mod:`hicache.tree.ghost`) is sized by."""
-        device = self.device_pages if self.device_arena is None else self.device_arena / self.page_bytes
-        return device + self.host_bytes / self.page_bytes, self.snapshot_bytes / self.page_bytes
+        """(the cache in history pages, a snapshot in history pages): the device's bytes
+        (its page and snapshot rows, or its arena) plus the host's bytes, over the page's
+        bytes. What a ghost cache (:mod:`hicache.tree.ghost`) is sized by: a ghost is one
+        pool where pages and snapshots compete, so the device's snapshot rows count too
+        (without them the ghosts under-counted the cache by its device state share and
+        misjudged orders that keep more snapshots)."""
+        device = (self.device_pages * self.page_bytes + self.device_snapshots * self.snapshot_bytes
+                  if self.device_arena is None else self.device_arena)
+        return (device + self.host_bytes) / self.page_bytes, self.snapshot_bytes / self.page_bytes
 
 
 def resolve_device(name: str) -> "torch.device":
