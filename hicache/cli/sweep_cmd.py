@@ -3,7 +3,7 @@ kvcache-simulator's LRU and optimal at the same bytes.
 
     hicache sweep [--config C] (--trace FILE | --workload W [--conversations N] [--seed S])
                   --device-gib D --host-gib a,b,c [--write-policy P ...] [--bytes real|none]
-                  [--jobs N] [--json] [--plot FILE.png]
+                  [--policies P,P,... | --eviction P] [--jobs N] [--json] [--plot FILE.png]
 
 Each point is a full replay on a fresh cache (every byte it reads back checked, as
 ``--verify`` says; with ``--bytes none`` a policy-only replay, the same decisions with no
@@ -23,10 +23,18 @@ ref``); the gap to ``sim_lru`` is what the resume rule alone costs an LRU cache.
 (the sweep test checks it against the simulator). A layout without state (MHA, MLA) resumes
 at any page, so it has no hybrid figure (None).
 
-``--jobs N`` replays up to N points at once, each in a fresh (spawned) process that builds
-or reads the requests again; the points are independent, so the figures are those of
-``--jobs 1``. It needs no L3 (the default), since one process's points share an in-process
-``memory://`` store and separate processes would not.
+``--policies lru,value,adaptive`` replays every point once per eviction policy (each as
+``--eviction P`` with the same config and flags, on a fresh cache) and prints them side by
+side, each with the share of the simulator's LRU -> optimal gap it closes
+(:mod:`hicache.cli.sweep_report`). The simulator still runs once: its figures do not
+depend on our policy, and its capacity -- our pools' sizes at a host budget -- is the same
+for every policy (checked). Without ``--policies`` the sweep replays the config's policy,
+or ``--eviction``'s.
+
+``--jobs N`` replays up to N (policy, host budget) pairs at once, each in a fresh (spawned)
+process that builds or reads the requests again; the pairs are independent, so the figures
+are those of ``--jobs 1``. It needs no L3 (the default), since one process's points share an
+in-process ``memory://`` store and separate processes would not.
 
 L3 is off unless ``--storage`` names one: the simulator is given device + host bytes only,
 and an L3 would add bytes it does not have (an in-process ``memory://`` store would also
@@ -43,7 +51,8 @@ from hicache.cli.common import at_least, check_output, parse_positive_list, prin
 from hicache.cli.progress import Progress
 from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, Workload, add_cache_args, add_engine_args, add_source_args,
                                     budget_overrides, engine_config, load_cache_config, load_requests, replay_once)
-from hicache.cli.table import render_table
+from hicache.cli.sweep_report import policy_points, print_policies_table, print_table, write_plot, write_policies_plot
+from hicache.config import EVICTION_POLICIES
 from hicache.errors import ConfigError, HiCacheError
 
 NO_L3 = "none://"
@@ -70,8 +79,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sim.add_argument("--sim-indexer-precision", default=None, help="its indexer precision (default: its default)")
     sim.add_argument("--sim-backend", choices=["cpp", "python"], default="cpp", help="its backend (default cpp)")
     sim.add_argument("--no-sim", action="store_true", help="do not run kvcache-simulator")
+    p.add_argument("--policies", metavar="P,P,...",
+                   help=f"replay every host budget once per eviction policy, side by side: names from "
+                        f"{','.join(EVICTION_POLICIES)} (default: the config's policy, or --eviction's)")
     p.add_argument("--jobs", type=int, default=1,
-                   help="points replayed at once, each in its own process (default 1; needs no L3, the default)")
+                   help="(policy, host budget) pairs replayed at once, each in its own process (default 1; "
+                        "needs no L3, the default)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="hit rate vs host budget (needs matplotlib)")
     p.add_argument("--quiet", action="store_true", help="no progress line")
@@ -80,6 +93,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def parse_budgets(text: str) -> list[float]:
     return parse_positive_list(text, "--host-gib", float, "0.5,1,2 (GiB)")
+
+
+def parse_policies(text: str | None, eviction: str | None) -> list[str] | None:
+    """``--policies``: distinct names from :data:`EVICTION_POLICIES`, in the order given
+    (None without the flag). It replaces ``--eviction``, so the two together are refused."""
+    if text is None:
+        return None
+    if eviction is not None:
+        raise ConfigError("--policies", text, f"replays each policy as --eviction P: drop --eviction {eviction}")
+    names = [x.strip() for x in text.split(",")]
+    if not names or any(n not in EVICTION_POLICIES for n in names) or len(set(names)) != len(names):
+        raise ConfigError("--policies", text, f"must list distinct names from {','.join(EVICTION_POLICIES)}")
+    return names
+
+
+def _with_eviction(args: argparse.Namespace, policy: str | None) -> argparse.Namespace:
+    """``args`` as ``--eviction policy`` (``args`` itself for None: the config's or --eviction's)."""
+    return args if policy is None else argparse.Namespace(**{**vars(args), "eviction": policy})
 
 
 def _trace_for_sim(args: argparse.Namespace, work: Workload, page_tokens: int, tmp: str) -> str:
@@ -128,28 +159,29 @@ def _replay_point(args: argparse.Namespace, host: float) -> dict:
         return {"error": str(exc)}
 
 
-def _replay_points(args: argparse.Namespace, hosts: list[float], jobs: int, progress: Progress,
-                   work: Workload) -> list[dict]:
-    """The points' summaries, in ``hosts`` order: one after another, or ``jobs`` at a time in
-    fresh (spawned) processes -- every point is a fresh cache either way."""
-    n = len(work.requests)
+def _replay_points(pairs: list[tuple[argparse.Namespace, float]], device_gib: float, jobs: int,
+                   progress: Progress, work: Workload, labels: list[str]) -> list[dict]:
+    """The summaries of ``pairs`` (the flags of one policy, a host budget), in order: one
+    after another, or ``jobs`` at a time in fresh (spawned) processes -- every pair is a
+    fresh cache either way."""
+    n, total = len(work.requests), len(work.requests) * len(pairs)
     if jobs == 1:
         summaries = []
-        for i, host in enumerate(hosts):
-            path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
+        for i, ((args, host), label) in enumerate(zip(pairs, labels)):
+            path, layout, cfg = load_cache_config(args, **budget_overrides(args, device_gib, host))
 
-            def step(done: int, total: int, offset: int = i * n, host: float = host) -> None:
-                progress(offset + done, n * len(hosts), f"host {host:g} GiB")
+            def step(done: int, _total: int, offset: int = i * n, label: str = label) -> None:
+                progress(offset + done, total, label)
 
             summaries.append(replay_once(layout, cfg, engine_config(args, path), work, step)[0])
         return summaries
     import concurrent.futures as cf
     import multiprocessing as mp
 
-    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(hosts)), mp_context=mp.get_context("spawn")) as pool:
-        futures = [pool.submit(_replay_point, args, host) for host in hosts]
+    with cf.ProcessPoolExecutor(max_workers=min(jobs, len(pairs)), mp_context=mp.get_context("spawn")) as pool:
+        futures = [pool.submit(_replay_point, args, host) for args, host in pairs]
         for done, _ in enumerate(cf.as_completed(futures), 1):
-            progress(done * n, n * len(hosts), f"{done}/{len(hosts)} points")
+            progress(done * n, total, f"{done}/{len(pairs)} replays")
         summaries = [f.result() for f in futures]
     for s in summaries:
         if "error" in s:
@@ -157,9 +189,57 @@ def _replay_points(args: argparse.Namespace, hosts: list[float], jobs: int, prog
     return summaries
 
 
-def run(args: argparse.Namespace) -> int:
+def _check_same_pools(by_policy: dict, hosts: list[float]) -> None:
+    """Every policy's pools at a host budget are the same size: the simulator, run once, is
+    given one capacity per budget (module docstring)."""
+    keys = ("device_pages", "host_pages", "device_bytes", "host_bytes", "budget")
+    for i, host in enumerate(hosts):
+        sizes = {p: tuple(s[i][k] for k in keys) for p, s in by_policy.items()}
+        assert len(set(sizes.values())) == 1, f"host {host:g} GiB: pool sizes differ by policy: {sizes}"
+
+
+def _simulate(args: argparse.Namespace, work: Workload, layout, cfg, ecfg,
+              summaries: list[dict]) -> tuple[dict, list[dict]]:
+    """kvcache-simulator's LRU and optimal (and our reference's LRU counted both ways) at the
+    capacity of each point's pools: (the sweep's fields, one dict of fields per point)."""
     from hicache.engine import hybrid_ref, kvsim
 
+    out: dict = {}
+    n = len(work.requests)
+    with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
+        trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
+        mean_prompt = sum(len(r.prompt) for r in work.requests) / n
+        caps = [_capacity_tokens(s, cfg.pools.budget, layout, mean_prompt) for s in summaries]
+        if cfg.pools.budget != "split":
+            out["sim_mean_prompt_tokens"] = round(mean_prompt, 1)
+        model = args.sim_model or kvsim.model_for(layout.model)
+        sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
+                             indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)
+        # the engine's chunk ends fall every chunk_tokens rounded down to whole pages (the
+        # trace's blocks are our pages)
+        chunk_blocks = max(ecfg.chunk_tokens // sim["block_size"], 1)
+        refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]], chunk_blocks=chunk_blocks)
+        out["ref_chunk_blocks"] = chunk_blocks
+    fields = []
+    for s, r in zip(sim["points"], refs):
+        fields.append(dict(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
+                           sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
+                           sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"],
+                           ref_block_lru=r.block_lru,
+                           # a layout without state resumes at any page: only the block count applies
+                           ref_hybrid_lru=r.hybrid_lru if layout.object_bytes("state") else None))
+    k = sim["kvsim"]
+    out.update(sim_model=k["model"], sim_kv_precision=k["kv_precision"],
+               sim_indexer_precision=k["indexer_precision"], sim_backend=k["backend"],
+               sim_version=k["version"], sim_block_size=sim["block_size"], sim_ceiling=sim["ceiling"]["hit_rate"],
+               sim_trace=args.trace)
+    return out, fields
+
+
+def run(args: argparse.Namespace) -> int:
+    from hicache.engine import kvsim
+
+    policies = parse_policies(args.policies, args.eviction)
     hosts = parse_budgets(args.host_gib)
     if args.storage is None:
         args.storage = NO_L3   # same bytes as the simulator (module docstring)
@@ -171,118 +251,46 @@ def run(args: argparse.Namespace) -> int:
     check_output("--plot", args.plot)
     work = load_requests(args)
     n = len(work.requests)
-    progress = Progress("sweep", n * len(hosts), enabled=not args.quiet)
+    names: list[str | None] = list(policies) if policies else [None]
+    pairs = [(_with_eviction(args, p), host) for p in names for host in hosts]
+    labels = [(f"{p}, " if p else "") + f"host {host:g} GiB" for p in names for host in hosts]
+    progress = Progress("sweep", n * len(pairs), enabled=not args.quiet)
     layout = cfg = path = ecfg = None
-    for host in hosts:   # every point's config is checked before any replay
-        path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
-        ecfg = engine_config(args, path)
+    for a, host in pairs:   # every replay's config is checked before any replay
+        path, layout, cfg = load_cache_config(a, **budget_overrides(a, args.device_gib, host))
+        ecfg = engine_config(a, path)
     assert layout is not None and cfg is not None and ecfg is not None, "parse_budgets returns at least one budget"
-    summaries = _replay_points(args, hosts, jobs, progress, work)
-    points = [_point(s, args.device_gib, host) for s, host in zip(summaries, hosts)]
+    flat = _replay_points(pairs, args.device_gib, jobs, progress, work, labels)
+    by_policy = {p: flat[i * len(hosts):(i + 1) * len(hosts)] for i, p in enumerate(names)}
+    _check_same_pools(by_policy, hosts)
+    summaries = by_policy[names[0]]
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
            "bytes": summaries[0]["bytes"],
            "budget": cfg.pools.budget, "storage": cfg.storage.url}
     out.update(work.trace_info)
+    sims = None
     if not args.no_sim and kvsim.available():
-        with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
-            trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
-            mean_prompt = sum(len(r.prompt) for r in work.requests) / n
-            caps = [_capacity_tokens(s, cfg.pools.budget, layout, mean_prompt) for s in summaries]
-            if cfg.pools.budget != "split":
-                out["sim_mean_prompt_tokens"] = round(mean_prompt, 1)
-            model = args.sim_model or kvsim.model_for(layout.model)
-            sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
-                                 indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)
-            # the engine's chunk ends fall every chunk_tokens rounded down to whole pages (the
-            # trace's blocks are our pages)
-            chunk_blocks = max(ecfg.chunk_tokens // sim["block_size"], 1)
-            refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]],
-                                        chunk_blocks=chunk_blocks)
-            out["ref_chunk_blocks"] = chunk_blocks
-        for p, s, r in zip(points, sim["points"], refs):
-            p.update(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
-                     sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
-                     sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"],
-                     ref_block_lru=r.block_lru,
-                     # a layout without state resumes at any page: only the block count applies
-                     ref_hybrid_lru=r.hybrid_lru if layout.object_bytes("state") else None)
-        k = sim["kvsim"]
-        out.update(sim_model=k["model"], sim_kv_precision=k["kv_precision"],
-                   sim_indexer_precision=k["indexer_precision"], sim_backend=k["backend"],
-                   sim_version=k["version"], sim_block_size=sim["block_size"], sim_ceiling=sim["ceiling"]["hit_rate"],
-                   sim_trace=args.trace)
+        fields, sims = _simulate(args, work, layout, cfg, ecfg, summaries)
+        out.update(fields)
     else:
         out.update(sim_model=None, sim_kv_precision=None, sim_indexer_precision=None)
-    out["points"] = points
+    if policies:
+        measures = {s.get("hit_rate_last_half_sim") is not None for s in flat}
+        assert len(measures) == 1, "the measure depends on the requests alone"
+        out["policies"] = policies
+        out["measure"] = "hit_rate_last_half_sim" if measures.pop() else "hit_rate_last_half"
+        out["points"] = policy_points(policies, {p: by_policy[p] for p in policies}, hosts, args.device_gib, sims)
+    else:
+        points = [_point(s, args.device_gib, host) for s, host in zip(summaries, hosts)]
+        for p, f in zip(points, sims or []):
+            p.update(f)
+        out["points"] = points
     if args.plot:
-        write_plot(args.plot, out)
+        (write_policies_plot if policies else write_plot)(args.plot, out)
     if args.json:
         print_json(out)
     else:
-        print_table(out)
-    return 0 if all(p["mismatched_pages"] == 0 for p in points) else 1
-
-
-def _pct(v) -> str | None:
-    return None if v is None else f"{100 * v:.2f}%"
-
-
-def print_table(out: dict) -> None:
-    pts = out["points"]
-    rows = []
-    for p in pts:
-        pt = p["device_hit_tokens"] + p["host_hit_tokens"] + p["l3_hit_tokens"]
-        rows.append([f"{p['host_gib']:g}", f"{p['device_pages']:,} + {p['host_pages']:,}", _pct(p["hit_rate"]),
-                     _pct(p["hit_rate_last_half"]), _pct(p.get("sim_lru")) or p.get("sim_status"),
-                     _pct(p.get("sim_optimal")) or p.get("sim_status"), _pct(p.get("ref_hybrid_lru")),
-                     None if p.get("sim_gib") is None else f"{p['sim_gib']:.4f}",
-                     f"{p['device_hit_tokens'] / max(pt, 1):.0%} / {p['host_hit_tokens'] / max(pt, 1):.0%} / "
-                     f"{p['l3_hit_tokens'] / max(pt, 1):.0%}",
-                     None if p["ttft_p50_s"] is None else f"{p['ttft_p50_s']:.3f}", p["mismatched_pages"]])
-    print(render_table(["host GiB", "pages dev + host", "hit rate", "last half", "sim LRU", "sim optimal",
-                        "hybrid LRU", "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
-                       title=f"hicache sweep: {Path(out['config']).stem}, {out['workload']}, {out['requests']} "
-                             f"requests, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"
-                             + (", policy-only (--bytes none)" if out.get("bytes") == "none" else "")))
-    print()
-    print(f"ceiling (unlimited memory): {out['ceiling']:.2%} of all prompt tokens, "
-          f"{out['ceiling_last_half']:.2%} of the last half")
-    if out.get("sim_model"):
-        print(f"kvcache-simulator {out['sim_version']}: model {out['sim_model']}, kv {out['sim_kv_precision']}, "
-              f"indexer {out['sim_indexer_precision']}, last half measured, its ceiling {out['sim_ceiling']:.2%}; "
-              f"rerun one point with: kvcache-simulator run --trace TRACE --model {out['sim_model']} "
-              f"--budgets-gib SIM_GIB --policies lru,optimal")
-        print("hybrid LRU: the simulator's LRU at the same blocks, a hit counted only up to a boundary where a "
-              f"snapshot is offered (request ends, forks, every {out['ref_chunk_blocks']} blocks of prefill; "
-              "snapshots free): what the resume rule costs LRU (hicache ref)")
-    else:
-        print("kvcache-simulator not run (not installed, or --no-sim)")
-
-
-def write_plot(path: str, out: dict) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise ConfigError("--plot", path, "needs matplotlib: pip install 'hicache[plot]'") from None
-    pts = out["points"]
-    xs = [p["host_gib"] for p in pts]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(xs, [p["hit_rate_last_half"] for p in pts], "o-", label="hicache (last half)")
-    for key, label in (("sim_lru", "kvcache-simulator LRU"), ("sim_optimal", "kvcache-simulator optimal"),
-                       ("ref_hybrid_lru", "LRU counted at snapshots (hybrid)")):
-        if any(p.get(key) is not None for p in pts):
-            ax.plot(xs, [p.get(key) for p in pts], "s--", label=label)
-    ax.axhline(out["ceiling_last_half"], color="grey", linestyle=":", label="ceiling (unlimited memory)")
-    ax.set_xlabel(f"host budget, GiB (device {pts[0]['device_gib']:g} GiB)")
-    ax.set_ylabel("hit rate, last half of requests")
-    ax.set_ylim(0, 1)
-    ax.legend(loc="lower right")
-    ax.set_title(f"{out['workload']}, {out['requests']} requests")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        (print_policies_table if policies else print_table)(out)
+    return 0 if all(s["mismatched_pages"] == 0 for s in flat) else 1

@@ -97,3 +97,109 @@ def test_sweep_bytes_none_gives_the_byte_sweeps_points_and_jobs_the_same(trace, 
     assert main(["sweep", *ARGS, "--trace", str(trace), "--no-sim", "--jobs", "2", "--storage", "memory://"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--jobs" in err[0] and "none://" in err[0], err
+
+
+# --policies: every (policy, host budget) pair one replay; the simulator once.
+POLICIES = ["lru", "value", "adaptive"]
+POLICY_ARGS = [*ARGS[:4], "--host-gib", "0.00001,0.00005", "--quiet", "--bytes", "none", "--storage", "none://"]
+
+
+def test_policies_give_each_policy_what_a_sweep_with_its_eviction_gives(trace, tmp_path, capsys):
+    plot = tmp_path / "policies.png"
+    assert main(["sweep", *POLICY_ARGS, "--trace", str(trace), "--no-sim", "--json", "--policies", ",".join(POLICIES),
+                 "--jobs", "2", "--plot", str(plot)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["policies"] == POLICIES and out["measure"] == "hit_rate_last_half_sim"   # a trace: its own measure
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and plot.stat().st_size > 10_000
+    singles = {}
+    for name in POLICIES:
+        assert main(["sweep", *POLICY_ARGS, "--trace", str(trace), "--no-sim", "--json", "--eviction", name]) == 0
+        singles[name] = json.loads(capsys.readouterr().out)
+        assert "policies" not in singles[name] and "policies" not in singles[name]["points"][0]   # the old shape
+    assert len(out["points"]) == 2
+    for i, point in enumerate(out["points"]):
+        assert set(point) == {"device_gib", "host_gib", "device_pages", "host_pages", "sim_gib", "sim_blocks",
+                              "sim_status", "sim_lru", "sim_optimal", "ref_block_lru", "ref_hybrid_lru", "policies"}
+        assert point["sim_lru"] is None and point["sim_status"] is None
+        assert list(point["policies"]) == POLICIES
+        for name, entry in point["policies"].items():
+            single = singles[name]["points"][i]
+            assert {k: single[k] for k in ("device_gib", "host_gib", "device_pages", "host_pages")} == \
+                   {k: point[k] for k in ("device_gib", "host_gib", "device_pages", "host_pages")}
+            shared = [k for k in single if k in entry and k != "wall_s"]
+            assert len(shared) >= 15, shared
+            assert {k: entry[k] for k in shared} == {k: single[k] for k in shared}, name
+            assert entry["eviction"] == name and entry["measured"] == single["hit_rate_last_half_sim"]
+            assert entry["gap_closed"] is None and entry["at_least_sim_lru"] is None
+    low = out["points"][0]["policies"]
+    assert low["lru"]["hit_rate_last_half"] != low["value"]["hit_rate_last_half"]   # the policies did differ
+    assert (low["lru"]["policy_followed"], low["value"]["policy_followed"]) == ("lru", "value")
+    assert low["adaptive"]["policy_followed"] in low["adaptive"]["adaptive_candidates"]
+    assert set(low["adaptive"]["ghost_hit_pages"]) == set(low["adaptive"]["adaptive_candidates"])
+
+    from hicache.cli.sweep_report import print_policies_table
+
+    print_policies_table(out)
+    lines = capsys.readouterr().out.splitlines()
+    header = lines[1].split()
+    assert header[6:9] == POLICIES and "gap" in header and "follows" in header
+    assert lines[3].split()[0] == "1e-05" and lines[4].split()[0] == "5e-05" and lines[5] == ""
+    assert any(line.startswith("policy columns: hit_rate_last_half_sim") for line in lines)
+    assert "kvcache-simulator not run (not installed, or --no-sim)" in lines
+
+
+def test_policies_beside_the_simulator_run_it_once_and_close_its_gap(trace, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("kvcache_sim.cli")
+    from hicache.cli.sweep_report import gap_closed
+    from hicache.engine import kvsim
+
+    calls = []
+    simulate = kvsim.simulate
+    monkeypatch.setattr(kvsim, "simulate", lambda *a, **k: calls.append(a) or simulate(*a, **k))
+    plot = tmp_path / "policies.png"
+    assert main(["sweep", *POLICY_ARGS, "--trace", str(trace), "--json", "--policies", "lru,value",
+                 "--plot", str(plot)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(calls) == 1 and plot.stat().st_size > 10_000
+    assert main(["sweep", *POLICY_ARGS, "--trace", str(trace), "--json", "--eviction", "value"]) == 0
+    single = json.loads(capsys.readouterr().out)
+    assert len(calls) == 2 and out["sim_ceiling"] == single["sim_ceiling"]
+    keys = ("sim_gib", "sim_blocks", "sim_status", "sim_lru", "sim_optimal", "ref_block_lru", "ref_hybrid_lru")
+    closed = []
+    for point, p in zip(out["points"], single["points"]):
+        assert {k: point[k] for k in keys} == {k: p[k] for k in keys}
+        assert point["sim_status"] == "measured" and point["sim_optimal"] > point["sim_lru"]
+        assert point["policies"]["value"]["measured"] == p["hit_rate_last_half_sim"]
+        for entry in point["policies"].values():
+            lru, opt = round(point["sim_lru"], 4), round(point["sim_optimal"], 4)
+            assert entry["gap_closed"] == round(gap_closed(entry["measured"], lru, opt), 4)
+            assert entry["at_least_sim_lru"] == (entry["measured"] >= lru) == (entry["gap_closed"] >= 0)
+            closed.append(entry["gap_closed"])
+    assert any(g < 0 for g in closed) and any(g > 0 for g in closed)   # the sign is kept
+
+
+def test_bad_policies_are_one_line_before_anything_runs(capsys, monkeypatch):
+    import hicache.cli.sweep_cmd as sweep_cmd
+
+    def never(*a, **k):
+        raise AssertionError("the requests were loaded before --policies was checked")
+
+    monkeypatch.setattr(sweep_cmd, "load_requests", never)
+    base = ["sweep", *POLICY_ARGS, "--workload", "synthetic", "--conversations", "2", "--no-sim"]
+    for bad in ("lru,bogus", "lru,lru", "", "lru,", "LRU"):
+        assert main([*base, "--policies", bad]) == 2, bad
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--policies" in err[0], err
+        assert "lru,lfu,value,reuse,reuse-prompt,reuse-prompt-late,adaptive" in err[0], err
+    assert main([*base, "--policies", "lru,value", "--eviction", "value"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--policies" in err[0] and "--eviction" in err[0], err
+
+
+def test_every_policy_must_have_the_same_pools_at_a_budget():
+    from hicache.cli.sweep_cmd import _check_same_pools
+
+    pools = {"device_pages": 4, "host_pages": 8, "device_bytes": 64, "host_bytes": 128, "budget": "split"}
+    _check_same_pools({"lru": [pools, pools], "value": [pools, dict(pools)]}, [1.0, 2.0])
+    with pytest.raises(AssertionError, match="host 2 GiB"):
+        _check_same_pools({"lru": [pools, pools], "value": [pools, {**pools, "host_pages": 9}]}, [1.0, 2.0])
