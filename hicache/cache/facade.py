@@ -254,7 +254,7 @@ class HiCache:
         sid = snapshot_row(snapshot if snapshot is not None else snapshot_id)
         lease.check_publish(toks, num_pages, sid)
         past = num_pages * self.page_tokens > lease.resume_tokens and lease._resume_snapshot is not None
-        done = self._publisher.publish_pages(lease, toks, num_pages, decoded=why is Boundary.FINISH)
+        done = self._publisher.publish_pages(lease, toks, num_pages, finish=why is Boundary.FINISH)
         self._residency.free(DEVICE, PAGE, done.duplicates)
         self._allocator.backup_pages(self._policy.backup_on_publish(done.new_nodes))
         for node in done.new_nodes:  # exclusive tier: a recomputed shadow leaves the host

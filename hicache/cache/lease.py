@@ -56,6 +56,7 @@ class Lease:
     l3_tokens: int = 0      # of loaded_tokens, how many had just been fetched from L3
     owned: set[int] = field(default_factory=set)
     published_pages: int = 0
+    prompt_pages: int = 0   # whole pages of the prompt it was opened for: what a finish publishes past them is a decode's
     released: bool = False
     _locked_node: TreeNode | None = None
     _resume_snapshot: Snapshot | None = None

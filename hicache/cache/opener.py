@@ -122,8 +122,8 @@ class LeaseOpener:
     def _lease(self, toks: np.ndarray, r: ResumePoint, node: TreeNode) -> Lease:
         P = self._tree.page_tokens
         lease = Lease(lease_id=next(self._ids), tokens=toks, resume_tokens=r.pages * P, page_table=[],
-                      snapshot_id=None, page_tokens=P, published_pages=r.pages, _locked_node=node,
-                      _step=self._launcher)
+                      snapshot_id=None, page_tokens=P, published_pages=r.pages, prompt_pages=len(toks) // P,
+                      _locked_node=node, _step=self._launcher)
         chain = self._touch(node, r.snapshot, hit=True)
         lease.page_table = np.concatenate([n.device_ids for n in chain]).tolist() if chain else []
         if r.snapshot is not None:

@@ -177,7 +177,7 @@ class ConfiguredPolicy:
     def observe_lookup(self, request: int, tokens: np.ndarray, pages: int) -> bool:
         if self._selector is None:
             return False
-        return self._selector.lookup(request, self._keys.of(tokens, pages))
+        return self._selector.lookup(request, self._keys.of(tokens, pages), len(tokens) // self._page_tokens)
 
     def observe_publish(self, request: int, tokens: np.ndarray, pages: int, why: str, snapshot: bool) -> None:
         if self._selector is not None:
@@ -193,7 +193,7 @@ class ConfiguredPolicy:
 
     def tuning(self) -> dict[str, float | str]:
         if self._selector is None:
-            return {}
+            return {"policy_followed": self.strategy.name}
         st = self._selector.stats()
         out: dict[str, float | str] = {"policy_followed": st.followed, "policy_switches": st.switches,
                                        "policy_regret_pages": st.regret_pages,

@@ -69,7 +69,23 @@ class Publisher:
         self._orphans: dict[Snapshot, TreeNode] = {}
 
     # -- pages -----------------------------------------------------------------------------
-    def publish_pages(self, lease: Lease, toks: np.ndarray, num_pages: int, *, decoded: bool = False) -> PagesPublished:
+    def publish_pages(self, lease: Lease, toks: np.ndarray, num_pages: int, *, finish: bool = False) -> PagesPublished:
+        """Insert the lease's pages up to ``num_pages``. At a decode's end (``finish``) the
+        pages past the prompt's whole pages are the decode's (``TreeNode.decoded``: a
+        branch no request has been seen to take); the prompt's own are published first."""
+        split = lease.prompt_pages
+        if not finish or num_pages <= split:
+            return self._insert(lease, toks, num_pages, decoded=False)
+        if lease.published_pages >= split:
+            return self._insert(lease, toks, num_pages, decoded=True)
+        head = self._insert(lease, toks, split, decoded=False)
+        if not head.complete:
+            return head
+        tail = self._insert(lease, toks, num_pages, decoded=True)
+        return PagesPublished(np.concatenate([head.duplicates, tail.duplicates]), head.new_nodes + tail.new_nodes,
+                              tail.last, tail.complete)
+
+    def _insert(self, lease: Lease, toks: np.ndarray, num_pages: int, *, decoded: bool) -> PagesPublished:
         """Insert the lease's pages up to ``num_pages`` (the caller checked the request).
 
         Pages move from the lease into the tree without a copy; an identical page someone

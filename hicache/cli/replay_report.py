@@ -67,6 +67,20 @@ def _sim_measure(half, requests) -> float | None:
     return round(hit / total, 4) if total else 0.0
 
 
+def _served_measure(recs, requests) -> float:
+    """The last half's hit rate over the requests the engine served: a request longer than
+    the device (prompt + output) cannot run on it and is rejected, under any policy; this
+    is the figure to set beside a simulator run on the same served requests (``hicache
+    sweep``). The simulator's measure on a trace (hashed blocks), else every prompt token."""
+    served = [r for r in recs if not r.rejected]
+    half = served[len(served) // 2:]
+    sim = _sim_measure(half, requests)
+    if sim is not None:
+        return sim
+    total = sum(r.prompt_tokens for r in half)
+    return round(sum(r.hit_tokens for r in half) / total, 4) if total else 0.0
+
+
 def build_summary(cache, report, requests, layout, ecfg) -> dict:
     """One flat dict of the run (the ``--json`` object)."""
     s = cache.stats()
@@ -85,6 +99,9 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "hit_rate": round(hit / prompt, 4) if prompt else 0.0,
         "hit_rate_last_half": round(sum(r.hit_tokens for r in half) / half_prompt, 4) if half_prompt else 0.0,
         "hit_rate_last_half_sim": _sim_measure(half, requests),
+        "hit_rate_last_half_served": _served_measure(recs, requests),
+        "rejected_tokens": sum(r.prompt_tokens for r in recs if r.rejected),
+        "rejected_request_ids": [r.request_id for r in recs if r.rejected],
         "prompt_tokens_last_half": half_prompt,
         "hit_tokens_last_half": sum(r.hit_tokens for r in half),
         "device_hit_tokens": sum(r.device_hit_tokens for r in recs),

@@ -51,14 +51,16 @@ from hicache.cli.common import at_least, check_output, parse_positive_list, prin
 from hicache.cli.progress import Progress
 from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, Workload, add_cache_args, add_engine_args, add_source_args,
                                     budget_overrides, engine_config, load_cache_config, load_requests, replay_once)
-from hicache.cli.sweep_report import policy_points, print_policies_table, print_table, write_plot, write_policies_plot
+from hicache.cli.sweep_report import (policy_points, print_policies_table, print_table, served, write_plot,
+                                     write_policies_plot)
 from hicache.config import EVICTION_POLICIES
 from hicache.errors import ConfigError, HiCacheError
 
 NO_L3 = "none://"
 
 POINT_KEYS = ("device_gib", "host_gib", "device_pages", "host_pages", "hit_rate", "hit_rate_last_half",
-              "hit_rate_last_half_sim", "rejected_requests", "policy_followed", "policy_switches",
+              "hit_rate_last_half_sim", "hit_rate_last_half_served", "rejected_requests", "policy_followed",
+              "policy_switches",
               "sim_gib", "sim_blocks", "sim_status", "sim_lru", "sim_optimal", "device_hit_tokens",
               "host_hit_tokens", "l3_hit_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
               "ttft_uncached_p50_s", "queue_p90_s", "preemptions", "verified_pages", "mismatched_pages", "wall_s")
@@ -198,14 +200,48 @@ def _check_same_pools(by_policy: dict, hosts: list[float]) -> None:
         assert len(set(sizes.values())) == 1, f"host {host:g} GiB: pool sizes differ by policy: {sizes}"
 
 
+def _served_trace(args: argparse.Namespace, work: Workload, rejected: set[int], page_tokens: int, tmp: str) -> str:
+    """The trace of the requests the engine served (the rejected ones left out): the given
+    trace's other lines as they are, or the served part of the workload written as one."""
+    path = Path(tmp) / "served.jsonl"
+    if args.trace:
+        from hicache.engine.workloads import open_text
+
+        lines = {work.requests[i].source_line for i in rejected}
+        with open_text(Path(args.trace)) as src, open(path, "w") as dst:
+            for number, line in enumerate(src, 1):
+                if number not in lines:
+                    dst.write(line if line.endswith("\n") else line + "\n")
+        return str(path)
+    from hicache.engine.workloads import write_trace
+
+    write_trace([r for r in work.requests if r.request_id not in rejected], path, block_size=page_tokens)
+    return str(path)
+
+
+def _rejected(summaries: list[dict]) -> set[int]:
+    """The requests the engine rejected (longer than the device): the same at every point,
+    whatever the policy, since the device budget is fixed."""
+    sets = {tuple(s.get("rejected_request_ids", ())) for s in summaries}
+    assert len(sets) == 1, "the rejected requests depend on the device budget alone"
+    return set(sets.pop())
+
+
 def _simulate(args: argparse.Namespace, work: Workload, layout, cfg, ecfg,
               summaries: list[dict]) -> tuple[dict, list[dict]]:
     """kvcache-simulator's LRU and optimal (and our reference's LRU counted both ways) at the
-    capacity of each point's pools: (the sweep's fields, one dict of fields per point)."""
+    capacity of each point's pools: (the sweep's fields, one dict of fields per point).
+
+    When the engine rejected requests (longer than the device: no engine can run them, and
+    no policy serves them), the simulator also runs on the trace of the served requests, at
+    the same capacities: ``sim_lru_served`` / ``sim_optimal_served`` are the figures to set
+    beside ours over the same requests (``hit_rate_last_half_served``)."""
     from hicache.engine import hybrid_ref, kvsim
 
     out: dict = {}
     n = len(work.requests)
+    rejected = _rejected(summaries)
+    served = None
     with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
         trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
         mean_prompt = sum(len(r.prompt) for r in work.requests) / n
@@ -220,14 +256,27 @@ def _simulate(args: argparse.Namespace, work: Workload, layout, cfg, ecfg,
         chunk_blocks = max(ecfg.chunk_tokens // sim["block_size"], 1)
         refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]], chunk_blocks=chunk_blocks)
         out["ref_chunk_blocks"] = chunk_blocks
+        if rejected:
+            served = kvsim.simulate(_served_trace(args, work, rejected, layout.page_tokens, tmp), caps, model=model,
+                                    kv_precision=args.sim_kv_precision, indexer_precision=args.sim_indexer_precision,
+                                    backend=args.sim_backend)["points"]
+    out["rejected_requests"] = len(rejected)
+    out["rejected_prompt_tokens"] = sum(len(work.requests[i].prompt) for i in rejected)
+    if args.trace:   # the served trace is the given one without these lines
+        out["rejected_trace_lines"] = sorted(work.requests[i].source_line for i in rejected)
     fields = []
-    for s, r in zip(sim["points"], refs):
-        fields.append(dict(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
-                           sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
-                           sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"],
-                           ref_block_lru=r.block_lru,
-                           # a layout without state resumes at any page: only the block count applies
-                           ref_hybrid_lru=r.hybrid_lru if layout.object_bytes("state") else None))
+    for i, (s, r) in enumerate(zip(sim["points"], refs)):
+        f = dict(sim_gib=s["budget_gib"], sim_blocks=s["capacity_blocks"], sim_status=s["status"],
+                 sim_lru=None if s["lru"] is None else s["lru"]["hit_rate"],
+                 sim_optimal=None if s["optimal"] is None else s["optimal"]["hit_rate"],
+                 ref_block_lru=r.block_lru,
+                 # a layout without state resumes at any page: only the block count applies
+                 ref_hybrid_lru=r.hybrid_lru if layout.object_bytes("state") else None)
+        if served is not None:
+            v = served[i]
+            f.update(sim_status_served=v["status"], sim_lru_served=None if v["lru"] is None else v["lru"]["hit_rate"],
+                     sim_optimal_served=None if v["optimal"] is None else v["optimal"]["hit_rate"])
+        fields.append(f)
     k = sim["kvsim"]
     out.update(sim_model=k["model"], sim_kv_precision=k["kv_precision"],
                sim_indexer_precision=k["indexer_precision"], sim_backend=k["backend"],
@@ -280,7 +329,8 @@ def run(args: argparse.Namespace) -> int:
         measures = {s.get("hit_rate_last_half_sim") is not None for s in flat}
         assert len(measures) == 1, "the measure depends on the requests alone"
         out["policies"] = policies
-        out["measure"] = "hit_rate_last_half_sim" if measures.pop() else "hit_rate_last_half"
+        out["measure"] = ("hit_rate_last_half_served" if sims and served(sims[0])
+                          else "hit_rate_last_half_sim" if measures.pop() else "hit_rate_last_half")
         out["points"] = policy_points(policies, {p: by_policy[p] for p in policies}, hosts, args.device_gib, sims)
     else:
         points = [_point(s, args.device_gib, host) for s, host in zip(summaries, hosts)]

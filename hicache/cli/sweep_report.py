@@ -6,8 +6,12 @@ LRU -> optimal gap it closes (:func:`gap_closed`).
 The figure compared for a policy is its hit rate over the last half of the requests: the
 simulator's own measure (``hit_rate_last_half_sim``, over the prompt tokens a trace hashes)
 when the requests came from a trace, else ``hit_rate_last_half`` (every prompt token; a
-built workload is written as a trace that hashes them all) -- :func:`measured`. Our figures
-are rounded to 4 places (``build_summary``), so the simulator's are rounded the same before
+built workload is written as a trace that hashes them all) -- :func:`measured`. When the
+engine rejected requests (longer than the device: no engine runs them, under any policy),
+the comparison is over the requests it served: ours is ``hit_rate_last_half_served`` and
+the simulator's ``sim_lru_served`` / ``sim_optimal_served``, its run on the trace of those
+requests; the figures over every request are in the JSON beside them. Our figures are
+rounded to 4 places (``build_summary``), so the simulator's are rounded the same before
 they are compared with ours or a gap is taken.
 """
 
@@ -21,12 +25,14 @@ from hicache.errors import ConfigError
 
 PLACES = 4   # build_summary rounds the hit rates to 4 places
 # The fields of one replay that each policy's entry in a --policies point carries.
-POLICY_KEYS = ("hit_rate", "hit_rate_last_half", "hit_rate_last_half_sim", "eviction", "adaptive_candidates",
+POLICY_KEYS = ("hit_rate", "hit_rate_last_half", "hit_rate_last_half_sim", "hit_rate_last_half_served", "eviction",
+               "adaptive_candidates",
                "policy_followed", "policy_switches", "policy_regret_pages", "ghost_hit_pages", "rejected_requests",
                "device_hit_tokens", "host_hit_tokens", "l3_hit_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
                "queue_p90_s", "preemptions", "verified_pages", "mismatched_pages", "wall_s")
 # The simulator's fields of a point (None where it did not run).
-SIM_KEYS = ("sim_gib", "sim_blocks", "sim_status", "sim_lru", "sim_optimal", "ref_block_lru", "ref_hybrid_lru")
+SIM_KEYS = ("sim_gib", "sim_blocks", "sim_status", "sim_lru", "sim_optimal", "ref_block_lru", "ref_hybrid_lru",
+            "sim_status_served", "sim_lru_served", "sim_optimal_served")
 
 
 def gap_closed(ours: float | None, sim_lru: float | None, sim_optimal: float | None) -> float | None:
@@ -42,12 +48,27 @@ def gap_closed(ours: float | None, sim_lru: float | None, sim_optimal: float | N
     return (ours - sim_lru) / gap
 
 
-def measured(summary: dict) -> tuple[str, float]:
-    """(the key, the figure) compared for one replay: the simulator's own measure on a
-    trace, else the last half's hit rate (module docstring)."""
+def served(sim: dict) -> bool:
+    """Did the simulator run on the served requests (some were rejected)?"""
+    return "sim_status_served" in sim
+
+
+def measured(summary: dict, sim: dict | None = None) -> tuple[str, float]:
+    """(the key, the figure) compared for one replay: over the served requests when some
+    were rejected, else the simulator's own measure on a trace, else the last half's hit
+    rate (module docstring)."""
+    if sim is not None and served(sim):
+        return "hit_rate_last_half_served", summary["hit_rate_last_half_served"]
     if summary.get("hit_rate_last_half_sim") is not None:
         return "hit_rate_last_half_sim", summary["hit_rate_last_half_sim"]
     return "hit_rate_last_half", summary["hit_rate_last_half"]
+
+
+def compared_sim(sim: dict) -> tuple[float | None, float | None]:
+    """The simulator's (LRU, optimal) to set beside :func:`measured`, rounded as ours."""
+    if served(sim):
+        return _rounded(sim.get("sim_lru_served")), _rounded(sim.get("sim_optimal_served"))
+    return _rounded(sim.get("sim_lru")), _rounded(sim.get("sim_optimal"))
 
 
 def _rounded(v: float | None) -> float | None:
@@ -57,8 +78,8 @@ def _rounded(v: float | None) -> float | None:
 def policy_entry(summary: dict, sim: dict) -> dict:
     """One policy at one budget: its replay's figures, the one compared (``measured``),
     the gap it closes and whether it is at least the simulator's LRU (None without it)."""
-    key, ours = measured(summary)
-    lru, opt = _rounded(sim.get("sim_lru")), _rounded(sim.get("sim_optimal"))
+    key, ours = measured(summary, sim)
+    lru, opt = compared_sim(sim)
     gap = gap_closed(ours, lru, opt)
     out = {k: summary[k] for k in POLICY_KEYS if k in summary}
     out.update(measure=key, measured=ours, gap_closed=None if gap is None else round(gap, PLACES),
@@ -114,24 +135,38 @@ def print_table(out: dict) -> None:
     rows = []
     for p in pts:
         pt = p["device_hit_tokens"] + p["host_hit_tokens"] + p["l3_hit_tokens"]
+        _, ours = measured(p, p)
+        lru, opt = compared_sim(p)
+        status = p.get("sim_status_served" if served(p) else "sim_status")
         rows.append([f"{p['host_gib']:g}", f"{p['device_pages']:,} + {p['host_pages']:,}", _pct(p["hit_rate"]),
-                     _pct(p["hit_rate_last_half"]), _pct(p.get("sim_lru")) or p.get("sim_status"),
-                     _pct(p.get("sim_optimal")) or p.get("sim_status"), _pct(p.get("ref_hybrid_lru")),
+                     _pct(p["hit_rate_last_half"]), _pct(ours), _pct(lru) or status, _pct(opt) or status,
+                     _pct(p.get("ref_hybrid_lru")),
                      None if p.get("sim_gib") is None else f"{p['sim_gib']:.4f}",
                      f"{p['device_hit_tokens'] / max(pt, 1):.0%} / {p['host_hit_tokens'] / max(pt, 1):.0%} / "
                      f"{p['l3_hit_tokens'] / max(pt, 1):.0%}",
                      None if p["ttft_p50_s"] is None else f"{p['ttft_p50_s']:.3f}", p["mismatched_pages"]])
-    print(render_table(["host GiB", "pages dev + host", "hit rate", "last half", "sim LRU", "sim optimal",
-                        "hybrid LRU", "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
+    print(render_table(["host GiB", "pages dev + host", "hit rate", "last half", "compared", "sim LRU",
+                        "sim optimal", "hybrid LRU", "sim GiB", "dev / host / L3", "TTFT p50 s", "mismatched"], rows,
                        title=_title(out, pts)))
     print()
+    print(f"compared (with sim LRU and optimal): {MEASURE_NOTES[measured(pts[0], pts[0])[0]]}")
+    _served_note(out)
     _footer(out, hybrid=True)
+
+
+def _served_note(out: dict) -> None:
+    if out.get("rejected_requests"):
+        print(f"{out['rejected_requests']:,} requests ({out['rejected_prompt_tokens']:,} prompt tokens) are longer "
+              "than the device and were rejected, under every policy: the comparison is over the requests served, "
+              "the simulator run on their trace (its figures on every request: sim_lru / sim_optimal in --json)")
 
 
 MEASURE_NOTES = {
     "hit_rate_last_half_sim": "hit_rate_last_half_sim, kvcache-simulator's own measure on the trace: the prompt "
                               "tokens its blocks hash",
     "hit_rate_last_half": "hit_rate_last_half: every prompt token (the workload's trace hashes them all)",
+    "hit_rate_last_half_served": "hit_rate_last_half_served: the last half of the requests the engine served "
+                                 "(kvcache-simulator's measure on a trace)",
 }
 
 
@@ -146,8 +181,10 @@ def print_policies_table(out: dict) -> None:
         for e in entries:
             mark = {None: "", True: " >=", False: " <"}[e["at_least_sim_lru"]]
             hits.append(f"{_pct(e['measured'])}{mark}")
+        lru, opt = compared_sim(p)
+        status = p.get("sim_status_served" if served(p) else "sim_status")
         row = [f"{p['host_gib']:g}", f"{p['device_pages']:,} + {p['host_pages']:,}", *hits,
-               _pct(p["sim_lru"]) or p["sim_status"], _pct(p["sim_optimal"]) or p["sim_status"],
+               _pct(lru) or status, _pct(opt) or status,
                *[None if e["gap_closed"] is None else f"{100 * e['gap_closed']:.1f}%" for e in entries]]
         if "adaptive" in policies:
             a = p["policies"]["adaptive"]
@@ -161,6 +198,7 @@ def print_policies_table(out: dict) -> None:
     print(render_table(headers, rows, title=_title(out, pts) + "; hit rate, last half of requests"))
     print()
     print(f"policy columns: {MEASURE_NOTES[out['measure']]}")
+    _served_note(out)
     if sim:
         print(">= / <: at or above / below the simulator's LRU at the same bytes (both at the 2 decimals of a "
               "percentage shown)")
@@ -191,11 +229,13 @@ def write_plot(path: str, out: dict) -> None:
     pts = out["points"]
     xs = [p["host_gib"] for p in pts]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(xs, [p["hit_rate_last_half"] for p in pts], "o-", label="hicache (last half)")
-    for key, label in (("sim_lru", "kvcache-simulator LRU"), ("sim_optimal", "kvcache-simulator optimal"),
-                       ("ref_hybrid_lru", "LRU counted at snapshots (hybrid)")):
-        if any(p.get(key) is not None for p in pts):
-            ax.plot(xs, [p.get(key) for p in pts], "s--", label=label)
+    ax.plot(xs, [measured(p, p)[1] for p in pts], "o-", label="hicache (last half)")
+    sims = [compared_sim(p) for p in pts]
+    for i, label in ((0, "kvcache-simulator LRU"), (1, "kvcache-simulator optimal")):
+        if any(v[i] is not None for v in sims):
+            ax.plot(xs, [v[i] for v in sims], "s--", label=label)
+    if any(p.get("ref_hybrid_lru") is not None for p in pts) and not served(pts[0]):
+        ax.plot(xs, [p.get("ref_hybrid_lru") for p in pts], "s--", label="LRU counted at snapshots (hybrid)")
     ax.axhline(out["ceiling_last_half"], color="grey", linestyle=":", label="ceiling (unlimited memory)")
     ax.set_xlabel(f"host budget, GiB (device {pts[0]['device_gib']:g} GiB)")
     ax.set_ylabel("hit rate, last half of requests")
@@ -222,15 +262,15 @@ def write_policies_plot(path: str, out: dict) -> None:
         ys = [p["policies"][name]["measured"] for p in pts]
         shown += ys
         ax.plot(xs, ys, "-", marker=MARKERS[i % len(MARKERS)], label=name, linewidth=1.8, markersize=7 - i % 3)
-    for key, label, style in (("sim_lru", "kvcache-simulator LRU", "s--"),
-                              ("sim_optimal", "kvcache-simulator optimal", "^--")):
-        ys = [p[key] for p in pts]
+    for i, label, style in ((0, "kvcache-simulator LRU", "s--"), (1, "kvcache-simulator optimal", "^--")):
+        ys = [compared_sim(p)[i] for p in pts]
+        key = ("sim_lru", "sim_optimal")[i]
         if any(y is not None for y in ys):
             shown += [y for y in ys if y is not None]
             ax.plot(xs, [math.nan if y is None else y for y in ys], style, color="black" if key == "sim_lru"
                     else "dimgrey", label=label, linewidth=1.4)
     # our ceiling counts every prompt token: on the simulator's measure only its own applies
-    sim_measure, sim_ceiling = out["measure"] == "hit_rate_last_half_sim", out.get("sim_ceiling")
+    sim_measure, sim_ceiling = out["measure"] != "hit_rate_last_half", out.get("sim_ceiling")
     ceilings = []
     if not sim_measure or sim_ceiling is None:
         ceilings.append((out["ceiling_last_half"], "ceiling: unlimited memory"
@@ -250,7 +290,7 @@ def write_policies_plot(path: str, out: dict) -> None:
     ax.grid(True, alpha=0.3)
     ax.set_xlabel(f"host budget, GiB (device {pts[0]['device_gib']:g} GiB)")
     ax.set_ylabel("hit rate, last half of requests" + (" (simulator's measure)"
-                                                        if out["measure"] == "hit_rate_last_half_sim" else ""))
+                                                        if out["measure"] != "hit_rate_last_half" else ""))
     ax.set_title(f"{out['workload']}, {out['requests']} requests: hit rate by eviction policy\n"
                  f"{Path(out['config']).stem}, device {pts[0]['device_gib']:g} GiB, {out['write_policy']}"
                  + (", policy-only (--bytes none)" if out.get("bytes") == "none" else ""), fontsize=11)

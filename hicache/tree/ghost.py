@@ -118,6 +118,7 @@ class GhostCache:
         self._seq = 0
         self._held: dict[object, list[GhostNode]] = {}   # request -> nodes it pins (one pin each)
         self._snap_held: dict[object, list[GhostNode | None]] = {}   # request -> [resume node, newest published]
+        self._prompt: dict[object, int] = {}   # request -> its prompt's whole pages
 
     # -- order -------------------------------------------------------------------------------
     def _push_page(self, node: GhostNode) -> None:
@@ -254,9 +255,12 @@ class GhostCache:
                         n.snapshot.last_access = now
                         self._push_snap(n)
 
-    def lookup(self, request: object, keys: Sequence[Hashable]) -> int:
+    def lookup(self, request: object, keys: Sequence[Hashable], prompt_pages: int | None = None) -> int:
         """A lease opens for ``keys`` (its whole prompt pages the cache may resume over):
-        returns the pages the ghost would resume from, touches and pins that path."""
+        returns the pages the ghost would resume from, touches and pins that path.
+        ``prompt_pages``: the prompt's whole pages (default ``len(keys)``): what the
+        request publishes at its decode's end past them is the decode's."""
+        self._prompt[request] = len(keys) if prompt_pages is None else prompt_pages
         path, resume = self._walk(keys)
         self._touch(path, resume, hit=True)
         held = self._held.setdefault(request, [])
@@ -290,7 +294,7 @@ class GhostCache:
         """A request published ``keys`` (root first) at a boundary of kind ``why`` (a
         ``Boundary`` value; ``finish``: the pages past the prompt are a decode's) and, with
         ``snapshot``, offered a snapshot at their end."""
-        decode = why == "finish"
+        decode_from = self._prompt.get(request, 0) if why == "finish" else len(keys)
         nodes = self.nodes
         held = self._held.setdefault(request, [])
         self.clock += 1
@@ -307,14 +311,14 @@ class GhostCache:
                 held.append(node)
                 if had == 0:
                     parent.gen = 0          # no longer a leaf
-                if decode:
+                if depth > decode_from:
                     node.decoded = True
                 else:
                     self._branch(parent, 1)
                 if parent.snapshot is not None:
                     self._push_snap(parent)
                 self._push_page(node)
-            elif node.decoded and not decode:
+            elif node.decoded and depth <= decode_from:
                 self._taken(node)             # a prompt went on through a decode's pages
             parent = node
         slots = self._snap_held.get(request)
@@ -333,6 +337,7 @@ class GhostCache:
         for held in self._snap_held.pop(request, ()):
             if held is not None:
                 held.spins -= 1
+        self._prompt.pop(request, None)
 
     # -- eviction ----------------------------------------------------------------------------
     def _top(self, heap: list[tuple], snaps: bool, held: list[tuple]) -> tuple | None:

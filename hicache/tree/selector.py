@@ -81,9 +81,10 @@ class PolicySelector:
         return self.candidates[self.followed]
 
     # -- events (the real cache's, in its order) ---------------------------------------------
-    def lookup(self, request: object, keys: Sequence[Hashable]) -> bool:
-        """A lease opened for ``keys``; True when the followed candidate changed."""
-        hits = tuple(g.lookup(request, keys) for g in self.ghosts)
+    def lookup(self, request: object, keys: Sequence[Hashable], prompt_pages: int | None = None) -> bool:
+        """A lease opened for ``keys`` (``prompt_pages``: its prompt's whole pages, see
+        :meth:`GhostCache.lookup`); True when the followed candidate changed."""
+        hits = tuple(g.lookup(request, keys, prompt_pages) for g in self.ghosts)
         self._followed_hits += hits[self.followed]
         self.followed_hit_pages += hits[self.followed]
         n = len(keys)

@@ -90,18 +90,30 @@ def test_budget_and_copy_landing_flags_reach_the_run(capsys, budget, landing):
     assert (out["budget"], out["copy_landing"]) == (budget, landing)
 
 
-@pytest.mark.parametrize("weights, expect", [("0", [0.0]), ("0,20", [0.0, 20.0])])
-def test_depth_weights_flag_reaches_the_run(capsys, weights, expect):
-    rc, out = replay(capsys, "--depth-weights", weights)
-    assert rc == 0 and out["depth_weights"] == expect and out["mismatched_pages"] == 0
-    assert out["depth_weight"] in expect
+@pytest.mark.parametrize("names, expect", [("lru,reuse-prompt", ["lru", "reuse-prompt"]), ("reuse", ["reuse"])])
+def test_candidates_flag_reaches_the_run(capsys, names, expect):
+    rc, out = replay(capsys, "--eviction", "adaptive", "--candidates", names, "--adaptive-window", "20")
+    assert rc == 0 and out["adaptive_candidates"] == expect and out["mismatched_pages"] == 0
+    assert out["policy_followed"] in expect
+    # one candidate runs no ghosts; several report each one's ghost hits
+    assert sorted(out["ghost_hit_pages"]) == (sorted(expect) if len(expect) > 1 else [])
 
 
-@pytest.mark.parametrize("bad", ["x", "-1", ",", "inf"])
-def test_a_bad_depth_weights_flag_is_one_line(capsys, bad):
-    assert main(["replay", "--quiet", f"--depth-weights={bad}"]) == 2
+@pytest.mark.parametrize("flag, bad", [("--candidates", "lru,nope"), ("--candidates", "lru,lru"),
+                                       ("--candidates", ""), ("--adaptive-window", "0")])
+def test_a_bad_adaptive_flag_is_one_line(capsys, flag, bad):
+    assert main(["replay", "--quiet", f"{flag}={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--depth-weights" in err[0]
+    assert len(err) == 1 and flag in err[0]
+
+
+def test_an_old_config_key_names_what_replaced_it(capsys, tmp_path):
+    cfg = tmp_path / "old.yaml"
+    text = open("configs/deepseek-v4-flash.yaml").read().replace("cache:\n", "cache:\n  depth_weights: [0, 10]\n", 1)
+    cfg.write_text(text)
+    assert main(["replay", "--quiet", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "depth_weights" in err[0] and "adaptive" in err[0]
 
 
 def test_bytes_none_replays_the_byte_replays_records_policy_only(capsys, tmp_path):

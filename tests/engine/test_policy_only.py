@@ -41,11 +41,12 @@ HYBRID_TIGHT = dict(budget="shared_host", write_policy="write_back", host_tier="
 
 # name: (config, requests, cache overrides, engine overrides, counters that must be > 0)
 CASES = {
-    "multi-turn, hybrid, shared_host, exclusive, value": (
+    "multi-turn, hybrid, shared_host, exclusive, adaptive switching": (
         "tiny-hybrid", lambda: chat(16),
-        dict(HYBRID_TIGHT, eviction="value", depth_weights=[0, 10], device_bytes=24 * KiB, host_bytes=16 * KiB),
+        dict(HYBRID_TIGHT, eviction="adaptive", adaptive_window=8, adaptive_margin=0.0, device_bytes=24 * KiB,
+             host_bytes=16 * KiB),
         {}, ("device_demoted_pages", "host_evicted_pages", "host_released_pages", "compaction_moves",
-             "snapshots_evicted_device", "snapshots_evicted_host", "host_hit_tokens")),
+             "snapshots_evicted_device", "snapshots_evicted_host", "host_hit_tokens", "policy_switches")),
     "agentic, hybrid, shared arenas, exclusive, lru": (
         "tiny-hybrid", lambda: agentic(6, 1, spec=AGENTIC),
         dict(HYBRID_TIGHT, budget="shared", eviction="lru", state_share=None, device_bytes=24 * KiB,
@@ -69,7 +70,7 @@ CASES = {
         "deepseek-v4-flash", lambda: sharegpt(40, 0, max_prompt_tokens=6000),
         dict(device_bytes=int(0.06 * 1024 * MiB), host_bytes=int(0.05 * 1024 * MiB)),
         {}, ("device_evicted_pages", "device_demoted_pages", "host_evicted_pages", "host_released_pages",
-             "compaction_moves", "snapshots_evicted_device", "snapshots_evicted_host", "host_hit_tokens")),
+             "compaction_moves", "snapshots_evicted_host", "host_hit_tokens")),
 }
 
 

@@ -36,9 +36,10 @@ from hicache.engine.workloads.synthetic import (PRESETS, SyntheticOverrides, Syn
                                                 synthetic_spec)
 from hicache.engine.workloads.tokenizer import ChatTokenizer
 from hicache.engine.workloads.trace import LoadedTrace, TraceWritten, load_trace, read_trace, write_trace
-from hicache.engine.workloads.trace_parse import ParsedTrace, parse_trace
+from hicache.engine.workloads.trace_parse import ParsedTrace, open_text, parse_trace
 
 __all__ = [
+    "open_text",
     "Request", "Conversation", "ArrivalSpec", "schedule", "poisson_starts", "bursty_starts", "WorkloadStats",
     "summarize", "reusable_per_request",
     "synthetic", "synthetic_spec", "SyntheticSpec", "SyntheticOverrides", "PRESETS", "agentic", "AgenticSpec",

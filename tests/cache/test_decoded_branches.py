@@ -1,0 +1,62 @@
+"""A decode's pages are a branch no request has taken until one goes through them
+(``TreeNode.decoded``), so the branch points the orders rank are where requests were seen
+to go: the previous turn's decode beside the next turn's prompt is not a fork."""
+
+from hicache.cache import Boundary
+
+from tests.cache.conftest import Engine, make_cache, node_of, toks
+
+
+def turn(eng: Engine, prompt, output_pages: tuple, release: bool = True):
+    """A request: its prompt published (PROMPT_END), then its decode's end (FINISH)."""
+    _, lease = eng.start(prompt)
+    pages = len(prompt) // 4
+    if pages > lease.published_pages:
+        eng.publish(lease, prompt, pages, Boundary.PROMPT_END)
+    full = toks(*(list(prompt[::4][:pages]) + list(output_pages)))
+    eng.publish(lease, full, len(full) // 4, Boundary.FINISH)
+    if release:
+        eng.cache.release(lease)
+    eng.cache.check_integrity()
+    return lease
+
+
+def test_the_next_prompt_beside_a_decode_is_not_a_fork_and_its_resume_point_is_superseded():
+    eng = Engine(make_cache(device_pages=32, device_snaps=8, eviction="reuse"))
+    turn(eng, toks(1, 2), (7, 8))                 # turn 0: prompt pages 1 2, decode 7 8
+    p = node_of(eng.cache, toks(1, 2))
+    decode = node_of(eng.cache, toks(1, 2, 7, 8))
+    assert decode.decoded and p.branches == 0 and not p.forked
+    # turn 1 (the reasoning template: the thinking dropped) resumes at turn 0's prompt end
+    turn(eng, toks(1, 2, 3, 4), (9,))
+    assert eng.cache.counters.hit_tokens >= 8
+    assert len(p.children) == 2 and p.branches == 1 and not p.forked   # the decode is not a branch taken
+    assert p.snapshot is not None and p.snapshot.resumed == 1
+    s = eng.cache._policy.strategy
+    assert s.snapshot_priority(p, p.snapshot)[0] == 0              # resumed, and the chain went on: first
+    eng.cache.check_integrity()
+    eng.cache.close()
+
+
+def test_a_turn_that_goes_on_through_the_decode_takes_that_branch():
+    eng = Engine(make_cache(device_pages=32, device_snaps=8, eviction="reuse"))
+    turn(eng, toks(1, 2), (7, 8))
+    p, decode = node_of(eng.cache, toks(1, 2)), node_of(eng.cache, toks(1, 2, 7, 8))
+    turn(eng, toks(1, 2, 7, 8, 5), (6,))          # chat: the next prompt holds the previous output
+    assert not decode.decoded and p.branches == 1
+    turn(eng, toks(1, 2, 3), (9,))                # another request leaves the path at p: a real fork
+    assert p.branches == 2 and p.forked
+    eng.cache.check_integrity()
+    eng.cache.close()
+
+
+def test_a_finish_that_publishes_the_prompt_too_marks_only_the_decode():
+    eng = Engine(make_cache(device_pages=32, device_snaps=8, eviction="reuse"))
+    prompt = toks(1, 2)
+    _, lease = eng.start(prompt)
+    eng.publish(lease, toks(1, 2, 7), 3, Boundary.FINISH)    # no PROMPT_END publish before it
+    eng.cache.release(lease)
+    head, tail = node_of(eng.cache, toks(1, 2)), node_of(eng.cache, toks(1, 2, 7))
+    assert not head.decoded and tail.decoded and head is not tail
+    eng.cache.check_integrity()
+    eng.cache.close()
