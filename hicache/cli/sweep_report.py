@@ -50,7 +50,7 @@ def gap_closed(ours: float | None, sim_lru: float | None, sim_optimal: float | N
 
 def served(sim: dict) -> bool:
     """Did the simulator run on the served requests (some were rejected)?"""
-    return "sim_status_served" in sim
+    return sim.get("sim_status_served") is not None
 
 
 def measured(summary: dict, sim: dict | None = None) -> tuple[str, float]:

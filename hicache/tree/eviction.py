@@ -131,7 +131,9 @@ class Ranked:
 
         superseded_first     a request resumed from it or passed it, and a deeper snapshot
                              now hangs below on its only path (no fork): the chain moved on
-                             past it, the way a conversation's next turn publishes deeper
+                             past it, the way a conversation's next turn publishes deeper;
+                             ``passed_only``: only a request that went *through* it to a
+                             deeper point counts (resuming exactly there does not)
         idle_tails_first     offered at a decode's end (``kind == "finish"``) and no
                              request has resumed from or passed it yet: where the next
                              request resumes at the previous *prompt's* end (a reasoning
@@ -152,14 +154,13 @@ class Ranked:
 
     def __init__(self, name: str, *, superseded_first: bool = False, idle_tails_first: bool = False,
                  intermediate_first: bool = False, forks_last: bool = False, refresh_forks: bool = False,
-                 idle_chunks_first: bool = False, passed_only: bool = False):
+                 passed_only: bool = False):
         self.name = name
         self.superseded_first = superseded_first
         self.idle_tails_first = idle_tails_first
         self.intermediate_first = intermediate_first
         self.forks_last = forks_last
         self.refresh_forks = refresh_forks
-        self.idle_chunks_first = idle_chunks_first
         self.passed_only = passed_only
 
     def node_priority(self, node: RankedNode) -> tuple:
@@ -171,8 +172,6 @@ class Ranked:
             return (2, snap.last_access)
         if node.snapshots_below > 0 and nb <= 1 and not node.forked:
             if self.intermediate_first or (self.superseded_first and (snap.passed if self.passed_only else (snap.resumed or snap.passed))):
-                return (0, snap.last_access)
-            if self.idle_chunks_first and snap.kind == "prefill" and not snap.resumed:
                 return (0, snap.last_access)
         if self.idle_tails_first and snap.kind == "finish" and not (snap.resumed or snap.passed):
             return (0, snap.last_access)
