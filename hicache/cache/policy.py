@@ -197,7 +197,8 @@ class ConfiguredPolicy:
         st = self._selector.stats()
         out: dict[str, float | str] = {"policy_followed": st.followed, "policy_switches": st.switches,
                                        "policy_regret_pages": st.regret_pages,
-                                       "policy_looked_up_pages": st.looked_up_pages}
+                                       "policy_looked_up_pages": st.looked_up_pages,
+                                       "policy_followed_ghost_hit_pages": st.followed_hit_pages}
         for name, hits in st.ghost_hit_pages.items():
             out[f"ghost_hit_pages:{name}"] = hits
         return out

@@ -143,6 +143,9 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "policy_switches": s.get("policy_switches", 0),
         "policy_regret_pages": s.get("policy_regret_pages", 0),
         "policy_looked_up_pages": s.get("policy_looked_up_pages", 0),
+        # the followed candidates' ghost hits, in tokens, beside the real cache's hit_tokens:
+        # how well the ghost the cache follows predicts it (the ghosts' fidelity)
+        "policy_ghost_hit_tokens": s.get("policy_followed_ghost_hit_pages", 0) * layout.page_tokens,
         "ghost_hit_pages": {k.split(":", 1)[1]: v for k, v in s.items() if k.startswith("ghost_hit_pages:")},
         "storage_url": mask_url(cache.config.storage.url),
         "write_policy": cache.config.write.write_policy,
@@ -251,6 +254,9 @@ def policy_rows(s: dict) -> list[list[str]]:
         rows += [["  regret (best candidate's ghost hits - followed)", f"{s['policy_regret_pages'] / looked:.2%} of "
                                                                         "looked-up pages"],
                  ["  ghost hit rate per candidate", ghosts]]
+        if s.get("hit_tokens"):
+            rows.append(["  followed ghosts' hits / the cache's hits",
+                         f"{s.get('policy_ghost_hit_tokens', 0) / s['hit_tokens']:.3f}"])
     return rows
 
 

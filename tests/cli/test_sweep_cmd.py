@@ -119,8 +119,10 @@ def test_policies_give_each_policy_what_a_sweep_with_its_eviction_gives(trace, t
     assert len(out["points"]) == 2
     for i, point in enumerate(out["points"]):
         assert set(point) == {"device_gib", "host_gib", "device_pages", "host_pages", "sim_gib", "sim_blocks",
-                              "sim_status", "sim_lru", "sim_optimal", "ref_block_lru", "ref_hybrid_lru", "policies"}
+                              "sim_status", "sim_lru", "sim_optimal", "ref_block_lru", "ref_hybrid_lru", "policies",
+                              "sim_status_served", "sim_lru_served", "sim_optimal_served"}
         assert point["sim_lru"] is None and point["sim_status"] is None
+        assert point["sim_status_served"] is None   # every request served: no second simulator run
         assert list(point["policies"]) == POLICIES
         for name, entry in point["policies"].items():
             single = singles[name]["points"][i]

@@ -1,0 +1,155 @@
+"""Every trace family, fresh seeds, every policy beside kvcache-simulator's LRU and optimal.
+
+    python bench/policy_families.py --seeds 100,101 --out DIR [--families F,...]
+        [--config deepseek-v4-flash] [--device-gib 0.25] [--host-gib 0.25,0.5,1]
+        [--policies lru,adaptive] [--bytes none|real] [--jobs 2] [--report-only] [--json]
+
+For each family and seed it writes the trace (``python -m hicache.engine.workloads ...
+--write-trace``, kvcache-simulator's format) and runs ``hicache sweep --trace`` on it with
+the given policies, keeping both under ``DIR`` (a sweep whose JSON is already there is not
+run again: ``--report-only`` only reads them). The table has one row per (family, seed,
+host budget): each policy's last-half hit rate on the simulator's measure, the simulator's
+LRU and optimal at the same bytes (over the served requests when some were too long for
+the device), the share of the LRU -> optimal gap the *last* policy closes, the candidate it
+followed at the end, and ``floor``: ``ok`` when the last policy is at least the simulator's
+LRU and every other policy named (``lru``: hicache's own) at that budget. The summary line
+counts the points below either floor. Nothing is asserted: a family below its floor is
+reported, not hidden.
+
+Families (``N``: what the generator counts; the dev seeds were 0 and 1):
+
+    sharegpt-nosys          400 conversations, conversation ids in the trace
+    sharegpt-nosys-noconv   the same requests, no conversation ids (block hashes only)
+    reasoning, agentic, rag, mix, mix-poisson    100 units each
+    production              3,000 requests, 512-token blocks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FAMILIES: dict[str, list[str]] = {
+    "sharegpt-nosys": ["sharegpt-nosys", "--conversations", "400", "--block-size", "256"],
+    "sharegpt-nosys-noconv": ["sharegpt-nosys", "--conversations", "400", "--block-size", "256",
+                              "--no-conversation-ids"],
+    "reasoning": ["reasoning", "--conversations", "100", "--block-size", "256"],
+    "agentic": ["agentic", "--conversations", "100", "--block-size", "256"],
+    "rag": ["rag", "--conversations", "100", "--block-size", "256"],
+    "mix": ["mix", "--conversations", "100", "--block-size", "256"],
+    "mix-poisson": ["mix-poisson", "--conversations", "100", "--block-size", "256"],
+    "production": ["production", "--requests", "3000", "--block-size", "512"],
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bench/policy_families.py", description=__doc__.split("\n")[0])
+    p.add_argument("--seeds", default="100,101")
+    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--out", required=True, help="directory for the traces and the sweeps' JSON")
+    p.add_argument("--config", default="deepseek-v4-flash")
+    p.add_argument("--device-gib", default="0.25")
+    p.add_argument("--host-gib", default="0.25,0.5,1")
+    p.add_argument("--policies", default="lru,adaptive")
+    p.add_argument("--bytes", choices=("none", "real"), default="none")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--report-only", action="store_true", help="only read sweeps already in --out")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    unknown = [f for f in args.families.split(",") if f not in FAMILIES]
+    if unknown:
+        p.error(f"--families: unknown family {unknown[0]!r} (known: {', '.join(FAMILIES)})")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",")]
+    except ValueError:
+        p.error(f"--seeds: not a comma-separated list of integers: {args.seeds!r}")
+    return args
+
+
+def run_one(args: argparse.Namespace, out: Path, family: str, seed: int) -> Path | None:
+    tag = f"{args.config}-{family}-s{seed}"
+    trace = out / f"{family}-s{seed}.jsonl"
+    result = out / f"{tag}.json"
+    if result.exists() or args.report_only:
+        return result if result.exists() else None
+    py = [sys.executable, "-m"]
+    if not trace.exists():
+        gen = py + ["hicache.engine.workloads", *FAMILIES[family], "--seed", str(seed), "--write-trace", str(trace)]
+        subprocess.run(gen, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweep = py + ["hicache.cli.main", "sweep", "--config", args.config, "--trace", str(trace),
+                  "--device-gib", args.device_gib, "--host-gib", args.host_gib, "--bytes", args.bytes,
+                  "--jobs", str(args.jobs), "--policies", args.policies, "--json", "--quiet"]
+    start = time.monotonic()
+    done = subprocess.run(sweep, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"{tag}: sweep failed (exit {done.returncode}): {done.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    data = json.loads(done.stdout)
+    data["bench_wall_s"] = round(time.monotonic() - start, 1)
+    result.write_text(json.dumps(data, indent=1))
+    print(f"{tag}: {data['bench_wall_s']:.0f} s", file=sys.stderr, flush=True)
+    return result
+
+
+def rows_of(family: str, seed: int, data: dict, policies: list[str]) -> list[dict]:
+    rows = []
+    for p in data["points"]:
+        served = p.get("sim_status_served") is not None
+        lru = p["sim_lru_served"] if served else p["sim_lru"]
+        opt = p["sim_optimal_served"] if served else p["sim_optimal"]
+        pol = {name: p["policies"][name] for name in policies}
+        last = pol[policies[-1]]
+        ours = {name: v["measured"] for name, v in pol.items()}
+        floor_sim = lru is None or ours[policies[-1]] >= round(lru, 4)
+        floor_own = all(ours[policies[-1]] >= v for v in ours.values())
+        gap = None if lru is None or opt is None or opt - lru < 1e-9 else (ours[policies[-1]] - lru) / (opt - lru)
+        rows.append({"family": family, "seed": seed, "host_gib": p["host_gib"], "rejected": data.get("rejected_requests", 0),
+                     **{f"{n}": ours[n] for n in policies}, "sim_lru": lru, "sim_optimal": opt, "served_only": served,
+                     "gap_closed": gap, "followed": last.get("policy_followed"), "switches": last.get("policy_switches"),
+                     "below_sim_lru": not floor_sim, "below_own": not floor_own, "wall_s": last.get("wall_s")})
+    return rows
+
+
+def pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    policies = args.policies.split(",")
+    rows: list[dict] = []
+    for seed in args.seed_list:
+        for family in args.families.split(","):
+            path = run_one(args, out, family, seed)
+            if path is not None:
+                rows += rows_of(family, seed, json.loads(path.read_text()), policies)
+    below = [r for r in rows if r["below_sim_lru"] or r["below_own"]]
+    if args.json:
+        print(json.dumps({"config": args.config, "policies": policies, "rows": rows, "points": len(rows),
+                          "below_floor": len(below)}, indent=1))
+        return 0
+    head = ["family", "seed", "host GiB", *policies, "sim LRU", "optimal", "gap closed", "followed", "floor"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        floor = "ok" if not (r["below_sim_lru"] or r["below_own"]) else \
+            ("below sim LRU" if r["below_sim_lru"] else "below own")
+        star = "*" if r["served_only"] else ""
+        gap = "n/a" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.0f}%"
+        cells = [r["family"], str(r["seed"]), f"{r['host_gib']:g}", *(pct(r[n]) for n in policies),
+                 pct(r["sim_lru"]) + star, pct(r["sim_optimal"]) + star, gap, f"{r['followed']}", floor]
+        print("| " + " | ".join(cells) + " |")
+    print(f"\n{len(rows)} points, {len(below)} below a floor (sim LRU or {', '.join(policies[:-1])})"
+          + ("; * the simulator on the served requests (some too long for the device)" if any(r["served_only"] for r in rows) else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
