@@ -10,7 +10,8 @@ the given policies, keeping both under ``DIR`` (a sweep whose JSON is already th
 run again: ``--report-only`` only reads them). The table has one row per (family, seed,
 host budget): each policy's last-half hit rate on the simulator's measure, the simulator's
 LRU and optimal at the same bytes (over the served requests when some were too long for
-the device), the share of the LRU -> optimal gap the *last* policy closes, the candidate it
+the device), the share of the LRU -> optimal gap the *last* policy closes (n/a where that
+gap is under one point), the candidate it
 followed at the end, and ``floor``: ``ok`` when the last policy is at least the simulator's
 LRU and every other policy named (``lru``: hicache's own) at that budget. The summary line
 counts the points below either floor. Nothing is asserted: a family below its floor is
@@ -107,11 +108,15 @@ def rows_of(family: str, seed: int, data: dict, policies: list[str]) -> list[dic
         ours = {name: v["measured"] for name, v in pol.items()}
         floor_sim = lru is None or ours[policies[-1]] >= round(lru, 4)
         floor_own = all(ours[policies[-1]] >= v for v in ours.values())
-        gap = None if lru is None or opt is None or opt - lru < 1e-9 else (ours[policies[-1]] - lru) / (opt - lru)
+        # a gap under one point is not a gap to close (the share would only amplify noise)
+        gap = None if lru is None or opt is None or opt - lru < 0.01 else (ours[policies[-1]] - lru) / (opt - lru)
         rows.append({"family": family, "seed": seed, "host_gib": p["host_gib"], "rejected": data.get("rejected_requests", 0),
                      **{f"{n}": ours[n] for n in policies}, "sim_lru": lru, "sim_optimal": opt, "served_only": served,
                      "gap_closed": gap, "followed": last.get("policy_followed"), "switches": last.get("policy_switches"),
-                     "below_sim_lru": not floor_sim, "below_own": not floor_own, "wall_s": last.get("wall_s")})
+                     "below_sim_lru": not floor_sim, "below_own": not floor_own, "wall_s": last.get("wall_s"),
+                     # every request counted (a rejected one a miss) against the simulator on the whole trace
+                     "all_requests": last.get("hit_rate_last_half_sim"), "sim_lru_all": p["sim_lru"],
+                     "rejected_prompt_tokens": data.get("rejected_prompt_tokens", 0)})
     return rows
 
 
@@ -128,8 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seed_list:
         for family in args.families.split(","):
             path = run_one(args, out, family, seed)
-            if path is not None:
+            if path is None:
+                continue
+            try:
                 rows += rows_of(family, seed, json.loads(path.read_text()), policies)
+            except (ValueError, KeyError) as e:
+                print(f"{path}: not a finished sweep with policies {','.join(policies)} ({e!r}); skipped",
+                      file=sys.stderr)
     below = [r for r in rows if r["below_sim_lru"] or r["below_own"]]
     if args.json:
         print(json.dumps({"config": args.config, "policies": policies, "rows": rows, "points": len(rows),
@@ -146,8 +156,16 @@ def main(argv: list[str] | None = None) -> int:
         cells = [r["family"], str(r["seed"]), f"{r['host_gib']:g}", *(pct(r[n]) for n in policies),
                  pct(r["sim_lru"]) + star, pct(r["sim_optimal"]) + star, gap, f"{r['followed']}", floor]
         print("| " + " | ".join(cells) + " |")
+    served = [r for r in rows if r["served_only"]]
+    if served:
+        print(f"\n* some requests were too long for the device; the simulator then also ran on the served "
+              f"requests, and the row compares over those. Counting every request (a rejected one a miss) "
+              f"against the simulator on the whole trace, {policies[-1]} / sim LRU:")
+        for r in served:
+            print(f"  {r['family']} s{r['seed']} host {r['host_gib']:g}: {pct(r['all_requests'])} / "
+                  f"{pct(r['sim_lru_all'])} ({r['rejected']} requests rejected)")
     print(f"\n{len(rows)} points, {len(below)} below a floor (sim LRU or {', '.join(policies[:-1])})"
-          + ("; * the simulator on the served requests (some too long for the device)" if any(r["served_only"] for r in rows) else ""))
+          )
     return 0
 
 
