@@ -128,10 +128,10 @@ def build_cache(args: argparse.Namespace):
                            host_ratio=cfg.pools.host_ratio, host_layout=cfg.pools.host_layout,
                            device_pages=dev_pages, device_snapshots=dev_snaps,
                            host_pages=host_pages, host_snapshots=host_snaps)
-    write = cfg.write
-    for flag, name in (("write_policy", "write_policy"), ("host_tier", "host_tier")):
-        if getattr(args, flag):
-            write = dataclasses.replace(write, **{name: getattr(args, flag)})
+    # Both flags in one replace: the pair is validated together (an exclusive host tier needs
+    # write_back), so applying them one at a time could refuse a valid combination.
+    flags = {name: getattr(args, name) for name in ("write_policy", "host_tier") if getattr(args, name)}
+    write = dataclasses.replace(cfg.write, **flags) if flags else cfg.write
     tree = cfg.tree
     if args.eviction:
         tree = dataclasses.replace(tree, eviction=args.eviction)

@@ -38,6 +38,20 @@ def test_every_flag_reaches_the_cache():
         cache.close()
 
 
+def test_write_policy_and_host_tier_flags_override_a_config_with_an_exclusive_host_tier():
+    """The V4 configs ship write_back + exclusive; asking for write_through + inclusive must
+    replace the pair together (one at a time, write_through met exclusive and was refused:
+    the reliability sweep's draws of it all failed)."""
+    for policy in ("write_through", "write_through_selective"):
+        args = build_parser().parse_args(["stress", "--config", "deepseek-v4-flash", "--device-pages", "8",
+                                          "--host-pages", "12", "--write-policy", policy, "--host-tier", "inclusive"])
+        cache = build_cache(args)
+        try:
+            assert (cache.config.write.write_policy, cache.config.write.host_tier) == (policy, "inclusive")
+        finally:
+            cache.close()
+
+
 def run_json(capsys, *flags) -> tuple[int, dict, str]:
     rc = main([*BASE, "--json", *flags])
     out = capsys.readouterr()
