@@ -14,6 +14,7 @@ Internal invariants use ``assert`` with a message; they indicate a bug in hicach
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 
@@ -34,7 +35,7 @@ class ConfigError(HiCacheError, ValueError):
         self.reason = reason
         self.source = source
         where = f"{source}: " if source else ""
-        super().__init__(f"{where}{field}={value!r}: {reason}")
+        super().__init__(f"{where}{field}={short_repr(value)}: {reason}")
 
 
 class MisuseError(HiCacheError):
@@ -47,3 +48,32 @@ class TransferError(HiCacheError):
 
 class StorageError(HiCacheError):
     """An L3 backend operation failed (connection, timeout, protocol)."""
+
+
+class _ShortRepr(reprlib.Repr):
+    """``repr`` cut to a readable size. An error message repeats the value it refuses, and a
+    hostile value -- a YAML alias bomb, a list nested 10,000 deep, a 5,000-digit integer
+    (whose plain ``repr`` raises ValueError) -- must still make one short line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, 400, 200, 200
+        self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = self.maxdeque = 64
+        self.maxdict = 16
+
+    def repr_int(self, x: int, level: int) -> str:
+        if x.bit_length() > 1000:
+            return f"<an integer of about {int(x.bit_length() * 0.30103) + 1} digits>"
+        return super().repr_int(x, level)
+
+
+_SHORT = _ShortRepr()
+MAX_REPR = 600
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)``, bounded in length and in the work it takes (see :class:`_ShortRepr`)."""
+    if isinstance(value, str) and len(value) <= 2000:
+        return repr(value)
+    text = _SHORT.repr(value)
+    return text if len(text) <= MAX_REPR else text[:MAX_REPR - 3] + "..."

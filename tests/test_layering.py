@@ -4,7 +4,7 @@
 Two rules:
 
 * **Layers.** A part may import only the parts listed for it in ``ALLOWED`` (plus
-  ``errors`` and ``units``, which every part may use).
+  ``errors``, ``units`` and ``inputs``, which every part may use).
 * **Interfaces.** Across parts, a module imports a package, never a module inside it
   (``from hicache.storage import mask_url``, not ``from hicache.storage.url import ...``),
   and only names that package exports in ``__all__``.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "hicache"
-BASE = {"hicache.errors", "hicache.units"}
+BASE = {"hicache.errors", "hicache.units", "hicache.inputs"}
 BELOW_CACHE = {"hicache.layout", "hicache.pools", "hicache.tree", "hicache.transfer", "hicache.storage",
                "hicache.config"}
 ENGINE_PARTS = {"hicache.engine", "hicache.engine.workloads", "hicache.engine.tiny_model"}
@@ -28,6 +28,7 @@ ENGINE_PARTS = {"hicache.engine", "hicache.engine.workloads", "hicache.engine.ti
 ALLOWED: dict[str, set[str]] = {
     "hicache.errors": set(),
     "hicache.units": {"hicache.errors"},
+    "hicache.inputs": {"hicache.errors"},
     "hicache.layout": set(),
     "hicache.pools": {"hicache.layout"},
     "hicache.tree": {"hicache.layout"},

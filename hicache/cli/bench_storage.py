@@ -8,7 +8,9 @@ What is measured (each round, interleaved, medians reported, so noise hits all a
 * the limit, same value size, same run:
   - Redis URLs: ``redis-benchmark -t set,get -d BYTES -n N`` (N = the objects ours moves), run with our connection count and
     pipeline depth (``-c C -P P``) and with its default 50 clients; the faster of the two
-    is the limit (requests/s x bytes = GB/s);
+    is the limit (requests/s x bytes = GB/s). A password is never put on its command line
+    (``ps`` shows it to every local user): it goes in ``REDISCLI_AUTH`` where the binary
+    reads that, and redis-benchmark 7.0-7.4 do not, so a URL with a password there has no limit;
   - ``memory://``: a numpy memcpy of the same bytes;
   - ``file://``: plain ``write``/``readinto`` of same-size files in the same directory;
 * Redis URLs also: plain redis-py pipelines (``GET`` then copying each value into the array),
@@ -244,9 +246,10 @@ class _PlainFiles(_Limit):
 
 class _RedisBenchmark(_Limit):
     def __init__(self, base: list[str], obj: int, n: int, conns: int, pipeline: int, cleanup_node,
-                 target: str, secret: Optional[str]):
+                 target: str, secret: Optional[str], env: Optional[dict[str, str]] = None):
         self.target = target
         self.secret = secret
+        self.env = env      # REDISCLI_AUTH: the password, kept off the command line
         self.base, self.obj, self.n = base, obj, n
         self.configs = [["-c", str(conns), "-P", str(pipeline)], ["-c", "50", "-P", "1"]]
         self.name = f"redis-benchmark (best of -c {conns} -P {pipeline} and -c 50)"
@@ -255,7 +258,7 @@ class _RedisBenchmark(_Limit):
     def _run(self, extra: list[str]) -> tuple[float, float]:
         cmd = self.base + ["-t", "set,get", "-d", str(self.obj), "-n", str(self.n), "--csv", "-q"] + extra
         try:
-            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=self.env)
         except subprocess.TimeoutExpired:
             raise ConfigError("--url", self.target, "redis-benchmark did not finish in 300 s") from None
         rps = {}
@@ -265,7 +268,7 @@ class _RedisBenchmark(_Limit):
                 rps[parts[0]] = float(parts[1])
         if set(rps) != {"SET", "GET"}:
             said = out.stderr.strip() or out.stdout.strip()
-            if self.secret:  # its command line holds the password (-a); never echo it back
+            if self.secret:  # it may echo the password back: never show it
                 said = said.replace(self.secret, "***")
             raise ConfigError("--url", self.target, "redis-benchmark failed: " + said[:200])
         return rps["SET"] * self.obj / GB, rps["GET"] * self.obj / GB
@@ -279,6 +282,16 @@ class _RedisBenchmark(_Limit):
             self._cleanup_node()
         except Exception:
             pass
+
+
+def _reads_auth_env(exe: str) -> bool:
+    """Whether the ``redis-benchmark`` at ``exe`` reads its password from ``REDISCLI_AUTH``
+    (the name is in the binary, as in redis-cli's); a read error counts as no."""
+    try:
+        with open(exe, "rb") as fh:
+            return b"REDISCLI_AUTH" in fh.read(64 * 1024 * 1024)
+    except OSError:
+        return False
 
 
 def _limit_runner(scheme: str, url: str, backend, obj: int, n: int, src, dst) -> Optional[_Limit]:
@@ -305,8 +318,15 @@ def _limit_runner(scheme: str, url: str, backend, obj: int, n: int, src, dst) ->
 
         def clean() -> None:
             node.del_raw(["key:__rand_int__"])
+    env = None
     if opts.password is not None:
-        base += ["-a", opts.password]  # redis-benchmark 7 has no --no-auth-warning
+        # Never "-a PASSWORD": a command line is readable by every local user (ps). Only a
+        # redis-benchmark that reads REDISCLI_AUTH gets the password (7.0-7.4 do not).
+        if not _reads_auth_env(exe):
+            _progress("redis-benchmark takes a password only on its command line (-a, visible in ps): "
+                      "no limit measured for a URL with a password")
+            return None
+        env = {**os.environ, "REDISCLI_AUTH": opts.password}
         if opts.username:
             base += ["--user", opts.username]
     if opts.tls:
@@ -317,7 +337,7 @@ def _limit_runner(scheme: str, url: str, backend, obj: int, n: int, src, dst) ->
             base += ["--cert", opts.ssl_certfile, "--key", opts.ssl_keyfile or opts.ssl_certfile]
         if opts.ssl_cert_reqs == "none":
             base += ["--insecure"]
-    return _RedisBenchmark(base, obj, n, opts.connections, opts.pipeline, clean, mask_url(url), opts.password)
+    return _RedisBenchmark(base, obj, n, opts.connections, opts.pipeline, clean, mask_url(url), opts.password, env)
 
 
 class _RedisPyBaseline:

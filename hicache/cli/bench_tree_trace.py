@@ -105,8 +105,11 @@ def read_token_trace(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
                 rec = json.loads(line)
                 prompt = np.asarray(rec["input_ids"], np.int32)
                 full = np.concatenate([prompt, np.asarray(rec.get("output_ids", []), np.int32)])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ConfigError("--trace", f"{path}:{i}", f"needs input_ids and output_ids lists ({exc})") from None
+            except (ValueError, KeyError, TypeError, OverflowError) as exc:
+                raise ConfigError("--trace", f"{path}:{i}", f"needs input_ids and output_ids lists "
+                                                           f"({str(exc)[:120]})") from None
+            except RecursionError:
+                raise ConfigError("--trace", f"{path}:{i}", "nests too deeply to parse") from None
             if prompt.ndim != 1 or len(prompt) == 0:
                 raise ConfigError("--trace", f"{path}:{i}", "input_ids must be a non-empty list of integers")
             out.append((prompt, full))

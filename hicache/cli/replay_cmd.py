@@ -30,6 +30,7 @@ from pathlib import Path
 
 from hicache.cli.common import (at_least, check_output, parse_candidates, parse_retention, positive_number,
                                 resolve_config)
+from hicache.cli.limits import check_units
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
 from hicache.config import EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, load_config
@@ -264,6 +265,7 @@ def load_requests(args: argparse.Namespace) -> Workload:
         loaded = workloads.read_trace(args.trace)
         return Workload(loaded.requests, loaded.info(), Path(args.trace).name)
     name = "chat" if args.workload == "synthetic" else args.workload
+    check_units("--conversations", n, name)     # built whole in memory: bounded before building
     return Workload(workloads.build_family(name, n, args.seed), {}, f"{name} x{n}")
 
 
@@ -291,7 +293,14 @@ def replay_once(layout, cfg, ecfg, work: Workload, progress, metrics_out: str | 
 def check_outputs(args: argparse.Namespace) -> None:
     """Outputs are checked before the run, so a bad path never throws a finished run away."""
     check_output("--requests-out", getattr(args, "requests_out", None))
+    check_output("--metrics-out", getattr(args, "metrics_out", None))
     check_output("--plot", args.plot)
+    if getattr(args, "metrics_out", None):
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            raise ConfigError("--metrics-out", args.metrics_out, "needs prometheus-client: "
+                                                                 "pip install prometheus-client") from None
     if args.plot:
         try:
             import matplotlib  # noqa: F401

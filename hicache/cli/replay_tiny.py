@@ -21,6 +21,7 @@ import math
 import torch
 
 from hicache.cli.common import at_least, parse_retention
+from hicache.cli.limits import check_units
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import hit_rows
 from hicache.cli.table import render_table
@@ -45,6 +46,7 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int | None]:
                                            "workload come from the tiny model's config)")
     n = args.conversations if args.conversations is not None else DEFAULT_CONVERSATIONS
     at_least("--conversations", n, 1)
+    check_units("--conversations", n, "tiny")
     at_least("--max-running", args.max_running, 1)
     retention = None if args.retention is None else parse_retention("--retention", args.retention)
     return n, retention

@@ -20,6 +20,7 @@ import time
 import traceback
 
 from hicache.cli.common import at_least, parse_candidates, parse_retention, print_json, resolve_config
+from hicache.cli.limits import check_seed_range
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
 from hicache.config import EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, load_config
@@ -77,7 +78,7 @@ def parse_seeds(text: str) -> range:
         raise ConfigError("--seeds", text, "must be a range of seeds like 1-200") from None
     if a < 0 or b < a:
         raise ConfigError("--seeds", text, "must be A-B with 0 <= A <= B")
-    return range(a, b + 1)
+    return check_seed_range("--seeds", text, a, b)
 
 
 def check_args(args: argparse.Namespace) -> range:

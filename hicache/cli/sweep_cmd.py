@@ -55,6 +55,7 @@ from hicache.cli.sweep_report import (policy_points, print_policies_table, print
                                      write_policies_plot)
 from hicache.config import EVICTION_POLICIES
 from hicache.errors import ConfigError, HiCacheError
+from hicache.storage import mask_url
 
 NO_L3 = "none://"
 
@@ -317,7 +318,7 @@ def run(args: argparse.Namespace) -> int:
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
            "bytes": summaries[0]["bytes"],
-           "budget": cfg.pools.budget, "storage": cfg.storage.url}
+           "budget": cfg.pools.budget, "storage": mask_url(cfg.storage.url)}
     out.update(work.trace_info)
     sims = None
     if not args.no_sim and kvsim.available():

@@ -23,16 +23,14 @@ What a boundary ``b`` (a multiple of ``page_tokens``) needs of each state family
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from hicache.units import check_int
 from hicache.errors import ConfigError
+from hicache.inputs import check_shape, load_json, load_yaml, read_text
 from hicache.layout.spec import MAX_LAYERS, CacheLayout, FamilySpec, _require_int, parse_layers
 
 TOP_LEVEL_KEYS = ("model", "layout", "cache", "engine")  # engine: hicache.engine.clock
@@ -51,28 +49,17 @@ DEFAULT_PAGE_TOKENS = 256
 CSA_RATIO = 4  # DeepSeek-V4: ratio 4 layers use the overlapping compressor + indexer
 
 
-def read_text(p: Path, field: str) -> str:
-    """A file's text; one that is not UTF-8 (or cannot be read) is a ConfigError naming where."""
-    try:
-        return p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(field, str(p), f"is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
-                                         f"at offset {exc.start})") from None
-    except OSError as exc:
-        raise ConfigError(field, str(p), f"cannot be read: {exc.strerror}") from None
-
-
 def read_config_file(path: str | os.PathLike) -> dict:
     """Read a hicache YAML config and check its top-level keys."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", str(path), "no such file")
-    try:
-        data = yaml.safe_load(read_text(p, "config"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError("config", str(path), f"is not valid YAML{line}") from None
+    try:   # bounded: size, depth, alias expansion, integer length, text keys (hicache.inputs)
+        data = load_yaml(read_text(p, "config"), "config")
+    except ConfigError as exc:
+        if exc.field == "config" and exc.value == "...":   # the file itself: name it
+            raise ConfigError("config", str(path), exc.reason) from None
+        raise ConfigError(exc.field, exc.value, exc.reason, source=exc.source or str(path)) from None
     if not isinstance(data, dict):
         raise ConfigError("config", str(path), "must be a YAML mapping with a 'layout' key")
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
@@ -157,16 +144,14 @@ def _layout_from_families(section: Mapping) -> CacheLayout:
 
 def load_hf_config(config: Any) -> dict:
     if isinstance(config, Mapping):
+        check_shape(config, "hf_config", root="hf_config")   # a mapping from code or YAML
         return dict(config)
     p = Path(config)
     if p.is_dir():
         p = p / "config.json"
     if not p.is_file():
         raise ConfigError("hf_config", str(config), "no such file")
-    try:
-        data = json.loads(read_text(p, "hf_config"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError("hf_config", str(config), f"is not valid JSON (line {exc.lineno})") from None
+    data = load_json(read_text(p, "hf_config"), "hf_config", str(config))
     if not isinstance(data, dict):
         raise ConfigError("hf_config", str(config), "must be a JSON object")
     return data

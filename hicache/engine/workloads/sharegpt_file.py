@@ -99,6 +99,12 @@ class JsonArrayReader:
                     return
                 raise ConfigError("sharegpt file", self._source,
                                   f"element {self.items} is not valid JSON: {exc.msg}") from None
+            except RecursionError:
+                raise ConfigError("sharegpt file", self._source,
+                                  f"element {self.items} nests too deeply to parse") from None
+            except ValueError:  # an integer int() refuses (over 4,300 digits)
+                raise ConfigError("sharegpt file", self._source,
+                                  f"element {self.items} holds an integer too long to read") from None
             if not eof and (end == len(buf) or buf[end] not in _WS + ",]"):
                 more()  # "7" of "7.25" cut by the buffer: decode it again with more input
                 continue

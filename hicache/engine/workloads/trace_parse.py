@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import IO, SupportsIndex, SupportsInt, TypedDict
 
 from hicache.errors import ConfigError
+from hicache.inputs import MAX_LINE_BYTES, json_line
 
 REFUSED = "kvcache-simulator refuses such a trace too"
 # Prompt or output tokens of one request: 16x the longest context served today, and a bound
@@ -213,13 +214,17 @@ def parse_trace(path: str | os.PathLike[str], *, block_size: int | None = None) 
     first_error: str | None = None
     try:
         with open_text(p) as fh:
-            for lineno, text in enumerate(fh, 1):
+            # a line is read at most MAX_LINE_BYTES (+1) at a time: one with no end is refused,
+            # not read whole into memory
+            for lineno, text in enumerate(iter(lambda: fh.readline(MAX_LINE_BYTES + 1), ""), 1):
+                where = f"{p.name}:{lineno}"
+                if len(text) > MAX_LINE_BYTES:
+                    raise ConfigError(where, "...", f"is longer than {MAX_LINE_BYTES:,} characters")
                 line = text.strip()
                 if not line:
                     continue
-                where = f"{p.name}:{lineno}"
-                try:
-                    record = json.loads(line)
+                try:   # deep nesting and over-long integers: one line naming the field (hicache.inputs)
+                    record = json_line(line, where)
                 except json.JSONDecodeError as exc:
                     parse_errors += 1
                     first_error = first_error or f"{where}: not valid JSON ({exc.msg}): {line[:60]}"
