@@ -118,6 +118,7 @@ class GhostCache:
         self._seq = 0
         self._held: dict[object, list[GhostNode]] = {}   # request -> nodes it pins (one pin each)
         self._snap_held: dict[object, list[GhostNode | None]] = {}   # request -> [resume node, newest published]
+        self._held_depth: dict[object, int] = {}   # request -> depth of the path it pins (lookup, publishes)
         self._prompt: dict[object, int] = {}   # request -> its prompt's whole pages
 
     # -- order -------------------------------------------------------------------------------
@@ -267,6 +268,7 @@ class GhostCache:
         for i in range(resume):
             path[i].pins += 1
             held.append(path[i])
+        self._held_depth[request] = max(self._held_depth.get(request, 0), resume)
         if resume and path[resume - 1].snapshot is not None:
             self._hold_snapshot(request, 0, path[resume - 1])
         return resume
@@ -318,9 +320,20 @@ class GhostCache:
                 if parent.snapshot is not None:
                     self._push_snap(parent)
                 self._push_page(node)
-            elif node.decoded and depth <= decode_from:
-                self._taken(node)             # a prompt went on through a decode's pages
+            else:
+                if depth > self._held_depth.get(request, 0):
+                    # already cached past the request's resume point (e.g. a chain whose
+                    # snapshot went): the request now holds and uses it, as a lease does
+                    node.pins += 1
+                    held.append(node)
+                    node.last_access = now
+                    if not node.children:
+                        self._push_page(node)
+                if node.decoded and depth <= decode_from:
+                    self._taken(node)             # a prompt went on through a decode's pages
             parent = node
+        if len(keys) > self._held_depth.get(request, 0):
+            self._held_depth[request] = len(keys)
         slots = self._snap_held.get(request)
         if slots is not None and slots[0] is not None and len(keys) > slots[0].depth:
             self._hold_snapshot(request, 0, None)   # published past its resume point: its engine has read it
@@ -338,6 +351,7 @@ class GhostCache:
             if held is not None:
                 held.spins -= 1
         self._prompt.pop(request, None)
+        self._held_depth.pop(request, None)
 
     # -- eviction ----------------------------------------------------------------------------
     def _top(self, heap: list[tuple], snaps: bool, held: list[tuple]) -> tuple | None:

@@ -32,13 +32,28 @@ def test_a_dead_leaf_goes_before_any_live_one_then_the_least_recent():
     g = GhostCache(LRU(), capacity_units=9, snapshot_units=1)
     serve(g, "a", [1, 2])                       # 3 units
     serve(g, "b", [3, 4])                       # 6
-    g.publish("e", [1, 2, 7], "prefill", False)             # 7: no snapshot at 7, a dead leaf once released
+    g.publish("e", [3, 4, 7], "prefill", False)             # 7: no snapshot at 7, a dead leaf once released
+                                                # (publishing through b's chain counts as using it)
     g.release("e")
     serve(g, "f", [8])                          # 9: full
     serve(g, "g", [9])                          # 11: two units go
     assert 7 not in g.nodes                     # the dead leaf first, though newer than a's chain
     assert 2 not in g.nodes and 1 in g.nodes    # then the least recent leaf, 2, with its snapshot
     assert g.nodes[4].snapshot is not None and g.used == 8
+
+
+def test_a_publish_holds_and_touches_cached_pages_past_its_resume_point():
+    """Pages already cached below the resume point (their snapshot went) are the request's
+    own once it publishes through them: pinned, touched, never its own publish's victims
+    (hypothesis found the ghost evicting them)."""
+    g = GhostCache(LRU(), capacity_units=4, snapshot_units=2)
+    assert g.lookup("r", [5]) == 0
+    g.publish("x", [300, 301, 302], "prefill", False)   # cached with no snapshot: resumable nowhere
+    g.release("x")
+    g.publish("r", [300, 301, 302], "prefill", True)     # 3 pages + a snapshot: over capacity
+    assert all(k in g.nodes for k in (300, 301, 302)) and g.nodes[302].snapshot is not None
+    g.release("r")
+    g.check()
 
 
 def test_a_running_request_pins_its_path_and_its_two_snapshots_only():
