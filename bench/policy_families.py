@@ -2,7 +2,7 @@
 
     python bench/policy_families.py --seeds 100,101 --out DIR [--families F,...]
         [--config deepseek-v4-flash] [--device-gib 0.25] [--host-gib 0.25,0.5,1]
-        [--policies lru,adaptive] [--bytes none|real] [--jobs 2] [--report-only] [--json]
+        [--policies lru,adaptive] [--bytes none|real] [--jobs 2] [--report-only] [--json] [--plot F.png]
 
 For each family and seed it writes the trace (``python -m hicache.engine.workloads ...
 --write-trace``, kvcache-simulator's format) and runs ``hicache sweep --trace`` on it with
@@ -61,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--report-only", action="store_true", help="only read sweeps already in --out")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--plot", metavar="FILE.png", help="one panel per family: every policy and the simulator's "
+                                                       "LRU and optimal against the host budget, a line style per seed")
     args = p.parse_args(argv)
     unknown = [f for f in args.families.split(",") if f not in FAMILIES]
     if unknown:
@@ -120,6 +122,37 @@ def rows_of(family: str, seed: int, data: dict, policies: list[str]) -> list[dic
     return rows
 
 
+def plot(rows: list[dict], policies: list[str], path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    seeds = list(dict.fromkeys(r["seed"] for r in rows))
+    cols = min(4, len(families))
+    fig, axes = plt.subplots((len(families) + cols - 1) // cols, cols, figsize=(4 * cols, 3.8 * ((len(families) + cols - 1) // cols)),
+                             squeeze=False)
+    lines = [*((n, n if n != "lru" else "hicache lru") for n in policies), ("sim_lru", "sim LRU"), ("sim_optimal", "sim optimal")]
+    for ax, family in zip(axes.flat, families):
+        for seed, style in zip(seeds, ("-", "--", ":", "-.")):
+            rr = sorted((r for r in rows if r["family"] == family and r["seed"] == seed), key=lambda r: r["host_gib"])
+            for i, (key, label) in enumerate(lines):
+                ys = [None if r[key] is None else 100 * r[key] for r in rr]
+                ax.plot([r["host_gib"] for r in rr], ys, style, color=f"C{i}", marker="o", ms=3, label=f"{label} s{seed}")
+        ax.set_title(family)
+        ax.set_xscale("log", base=2)
+        hosts = sorted({r["host_gib"] for r in rows if r["family"] == family})
+        ax.set_xticks(hosts)
+        ax.set_xticklabels([f"{h:g}" for h in hosts])
+        ax.set_xlabel("host GiB")
+        ax.set_ylabel("last-half hit rate %")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(families):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
 def pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.1f}"
 
@@ -141,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{path}: not a finished sweep with policies {','.join(policies)} ({e!r}); skipped",
                       file=sys.stderr)
     below = [r for r in rows if r["below_sim_lru"] or r["below_own"]]
+    if args.plot and rows:
+        plot(rows, policies, args.plot)
     if args.json:
         print(json.dumps({"config": args.config, "policies": policies, "rows": rows, "points": len(rows),
                           "below_floor": len(below)}, indent=1))

@@ -248,12 +248,12 @@ def policy_rows(s: dict) -> list[list[str]]:
     if s.get("eviction") != "adaptive":
         return [["eviction", str(s.get("eviction"))]]
     looked = max(s.get("policy_looked_up_pages") or 0, 1)
-    ghosts = ", ".join(f"{k} {v / looked:.1%}" for k, v in (s.get("ghost_hit_pages") or {}).items())
+    ghosts = [[f"  ghost hit rate: {k}", f"{v / looked:.1%}"] for k, v in (s.get("ghost_hit_pages") or {}).items()]
     rows = [["eviction adaptive: following / switches", f"{s['policy_followed']} / {s['policy_switches']:,}"]]
     if ghosts:
         rows += [["  regret (best candidate's ghost hits - followed)", f"{s['policy_regret_pages'] / looked:.2%} of "
                                                                         "looked-up pages"],
-                 ["  ghost hit rate per candidate", ghosts]]
+                 *ghosts]
         if s.get("hit_tokens"):
             rows.append(["  followed ghosts' hits / the cache's hits",
                          f"{s.get('policy_ghost_hit_tokens', 0) / s['hit_tokens']:.3f}"])
