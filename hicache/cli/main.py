@@ -12,6 +12,13 @@ class OneLineParser(argparse.ArgumentParser):
     """An argument parser whose errors are one line on stderr and exit status 2, like every
     other bad input (argparse's default adds the whole usage text)."""
 
+    def __init__(self, *args, **kwargs):
+        # No abbreviated flags: ``--requests 200`` silently meant ``--requests-out 200`` and
+        # wrote a request dump named 200 (twice into the repository's root). Every parser
+        # built below, subcommands included, is of this class.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 

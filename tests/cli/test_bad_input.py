@@ -174,3 +174,15 @@ def test_paths_are_not_touched_by_a_failed_check(tmp_path, capsys):
     run_cli(capsys, R + ["--conversations", "0", "--requests-out", str(target)])
     assert not target.exists()   # the check opens and removes; a refused run leaves nothing
     assert not list(Path(tmp_path).iterdir())
+
+
+@pytest.mark.parametrize("argv", [["replay", "--requests", "200"], ["sweep", "--device-gib", "1", "--host-gib", "1", "--requests", "300"],
+                                  ["bench", "storage", "--url", "memory://", "--object", "1"]])
+def test_an_abbreviated_flag_is_refused_not_read_as_a_longer_one(capsys, tmp_path, monkeypatch, argv):
+    """``--requests 200`` once meant ``--requests-out 200`` and wrote a request dump named 200."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and len(err.splitlines()) == 1 and "unrecognized arguments" in err
+    assert list(tmp_path.iterdir()) == []
