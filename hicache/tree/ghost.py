@@ -118,7 +118,6 @@ class GhostCache:
         self._seq = 0
         self._held: dict[object, list[GhostNode]] = {}   # request -> nodes it pins (one pin each)
         self._snap_held: dict[object, list[GhostNode | None]] = {}   # request -> [resume node, newest published]
-        self._held_depth: dict[object, int] = {}   # request -> depth of the path it pins (lookup, publishes)
         self._prompt: dict[object, int] = {}   # request -> its prompt's whole pages
 
     # -- order -------------------------------------------------------------------------------
@@ -268,7 +267,6 @@ class GhostCache:
         for i in range(resume):
             path[i].pins += 1
             held.append(path[i])
-        self._held_depth[request] = max(self._held_depth.get(request, 0), resume)
         if resume and path[resume - 1].snapshot is not None:
             self._hold_snapshot(request, 0, path[resume - 1])
         return resume
@@ -299,6 +297,7 @@ class GhostCache:
         decode_from = self._prompt.get(request, 0) if why == "finish" else len(keys)
         nodes = self.nodes
         held = self._held.setdefault(request, [])
+        held_depth = held[-1].depth if held else 0   # held nodes go root first along the request's path
         self.clock += 1
         now = self.clock
         parent = self.root
@@ -321,7 +320,7 @@ class GhostCache:
                     self._push_snap(parent)
                 self._push_page(node)
             else:
-                if depth > self._held_depth.get(request, 0):
+                if depth > held_depth:
                     # already cached past the request's resume point (e.g. a chain whose
                     # snapshot went): the request now holds and uses it, as a lease does
                     node.pins += 1
@@ -332,8 +331,6 @@ class GhostCache:
                 if node.decoded and depth <= decode_from:
                     self._taken(node)             # a prompt went on through a decode's pages
             parent = node
-        if len(keys) > self._held_depth.get(request, 0):
-            self._held_depth[request] = len(keys)
         slots = self._snap_held.get(request)
         if slots is not None and slots[0] is not None and len(keys) > slots[0].depth:
             self._hold_snapshot(request, 0, None)   # published past its resume point: its engine has read it
@@ -351,7 +348,6 @@ class GhostCache:
             if held is not None:
                 held.spins -= 1
         self._prompt.pop(request, None)
-        self._held_depth.pop(request, None)
 
     # -- eviction ----------------------------------------------------------------------------
     def _top(self, heap: list[tuple], snaps: bool, held: list[tuple]) -> tuple | None:
