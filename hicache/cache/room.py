@@ -39,7 +39,7 @@ the lease holds the Snapshot, not its row (left in place, it could pin the state
 and starve its own request of pages) -- no load or backup or L3 put in flight, no open
 prefetch pin. Ids held elsewhere (a lease's unpublished pages and snapshots, a
 backup's or a prefetch's destination rows) have no tree owner and never move. Owners are
-found by one scan of the tree per compaction pass.
+found in the tree's owner index (:mod:`hicache.tree.owners`).
 
 Feasibility is decided by the caller before anything is evicted (:meth:`Room.feasible`):
 the pinned bytes of both kinds plus the request must fit the arena, and a snapshot request
@@ -207,37 +207,24 @@ class Room:
 
     def _owners(self, tier: Tier, source: Source, wanted: set[int]) -> dict[int, tuple[TreeNode, int] | Snapshot]:
         """Of the ``wanted`` ids of ``tier``/``source``, the movable ones -> their one owner
-        (a scan of the tree that stops once every wanted id has been seen)."""
+        (looked up in the tree's owner index, :mod:`hicache.tree.owners`)."""
         out: dict[int, tuple[TreeNode, int] | Snapshot] = {}
-        left = set(wanted)
-        device = tier is Tier.DEVICE
+        index = self._res._tree.owner_index()
+        t = tier.value
+        if source is Source.PAGE:
+            for i in wanted:
+                held = index.page(t, i)
+                if held is not None and _node_still(held[0]):
+                    out[i] = held
+            return out
         # A lease's lock on its newest published snapshot keeps it from eviction but holds no
         # row id (the lease refers to the Snapshot), so it may move; a resume snapshot's
         # device row is the lease's snapshot_id, which the engine reads: it stays.
-        by_id = {id(s) for s in self._res.resume_snapshots()} if device else set()
-        for node in self._res._tree.nodes():
-            if not left:
-                break
-            if source is Source.PAGE:
-                ids = node.device_ids if device else node.host_ids
-                if ids is None:
-                    continue
-                hit = [(pos, i) for pos, i in enumerate(np.asarray(ids).tolist()) if i in left]
-                if not hit:
-                    continue
-                left.difference_update(i for _, i in hit)
-                if _node_still(node):
-                    out.update({i: (node, pos) for pos, i in hit})
-            else:
-                s = node.snapshot
-                if s is None:
-                    continue
-                row = s.device_id if device else s.host_id
-                if row is None or row not in left:
-                    continue
-                left.discard(row)
-                if not s.busy and id(s) not in by_id:
-                    out[row] = s
+        by_id = {id(s) for s in self._res.resume_snapshots()} if tier is Tier.DEVICE else set()
+        for row in wanted:
+            s = index.snapshot(t, row)
+            if s is not None and not s.busy and id(s) not in by_id:
+                out[row] = s
         return out
 
 

@@ -236,6 +236,13 @@ class TreeNode:
             was = self.device_ids is not None
             _set(self, name, value)
             watch.node_changed(self, residency=was != (value is not None))
+            if watch.owners is not None:
+                watch.owners.node_ids(self, "device")
+        elif name == "host_ids":
+            _set(self, name, value)
+            watch.node_changed(self)
+            if watch.owners is not None:
+                watch.owners.node_ids(self, "host")
         elif name == "snapshot":
             old = self.snapshot
             if old is not None and old is not value and old._node is self:

@@ -33,6 +33,7 @@ from hicache.tree import insert as _insert
 from hicache.tree import paths as _paths
 from hicache.tree.node import TOKEN_BYTES, Snapshot, TreeNode, chain_hashes, token_bytes
 from hicache.tree.order import EvictionOrder
+from hicache.tree.owners import OwnerIndex
 from hicache.tree.watch import TreeWatch
 from hicache.tree.paths import PathMatch
 
@@ -204,6 +205,7 @@ class RadixTree:
         _set(upper, "branches", 0 if node.decoded else 1)
         _set(node, "parent", upper)
         _set(upper, "_watch", self._watch)
+        self._watch.node_added(upper)   # its ids were node's: recorded as upper's now
         # Neither part changes eligibility (the upper node has a child, and a device child
         # when it is on the device; the lower one keeps its fields, id and end), but the
         # pages they count in the evictable totals move.
@@ -230,6 +232,7 @@ class RadixTree:
         if not decoded:
             self._branch(parent, +1)
         _set(node, "_watch", self._watch)
+        self._watch.node_added(node)
         if device_ids is not None:
             _set(parent, "_device_children", parent._device_children + 1)
         self._watch.node_changed(parent)
@@ -377,6 +380,11 @@ class RadixTree:
         """The victim order under ``strategy``, built on first use and kept current."""
         return self._watch.eviction_order(strategy, self.nodes())
 
+    def owner_index(self) -> OwnerIndex:
+        """Which node or snapshot holds a pool id (:mod:`hicache.tree.owners`), built on
+        first use and kept by every later id assignment."""
+        return self._watch.owner_index(self.nodes())
+
     def evictable(self, tier: str, source: str) -> int:
         """Pages (``source="page"``) or snapshots (``"state"``) of ``tier`` that no lock
         holds: an upper bound on what eviction could free there, kept without a scan.
@@ -449,3 +457,5 @@ class RadixTree:
                 assert node.snapshot.lock >= 0, f"{node}: negative snapshot lock"
                 assert node.snapshot._node is node, f"{node}: its snapshot points elsewhere"
         self._watch.check(nodes)
+        if self._watch.owners is not None:
+            self._watch.owners.check(nodes)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from hicache.tree.node import UNCOUNTED as _NONE
 from hicache.tree.order import EvictionOrder
+from hicache.tree.owners import OwnerIndex
 
 if TYPE_CHECKING:
     from hicache.tree.eviction import EvictionStrategy
@@ -40,6 +41,7 @@ class TreeWatch:
         self.orders: dict[tuple, EvictionOrder] = {}
         self.pages = {"device": 0, "host": 0}       # unlocked device pages, unlocked shadow pages
         self.snapshots = {"device": 0, "host": 0}   # unlocked snapshots per tier
+        self.owners: OwnerIndex | None = None        # built on first use (shared arenas)
 
     def eviction_order(self, strategy: "EvictionStrategy", nodes: Iterable["TreeNode"]) -> EvictionOrder:
         key = (type(strategy), strategy.name)
@@ -51,6 +53,16 @@ class TreeWatch:
                 if n.snapshot is not None:
                     order.refresh_snapshot(n, n.snapshot)
         return order
+
+    def owner_index(self, nodes: Iterable["TreeNode"]) -> OwnerIndex:
+        if self.owners is None:
+            self.owners = OwnerIndex(self, nodes)
+        return self.owners
+
+    def node_added(self, node: "TreeNode") -> None:
+        """``node`` joined the tree holding ids it was built with (not reported by a write)."""
+        if self.owners is not None:
+            self.owners.node_ids(node)
 
     def drop_orders(self) -> None:
         self.orders.clear()
@@ -148,6 +160,8 @@ class TreeWatch:
     def snapshot_changed(self, node: "TreeNode", snap: "Snapshot", name: str) -> None:
         if name == "attach":
             self._cover(node, +1)
+        if self.owners is not None and (name == "attach" or name == "device_id" or name == "host_id"):
+            self.owners.snapshot_rows(snap)
         self._count_snapshot(snap)
         for order in self.orders.values():
             order.refresh_snapshot(node, snap)

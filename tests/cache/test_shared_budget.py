@@ -8,16 +8,60 @@ snapshot each fill it exactly: A pages 0-2 + state 3, B pages 3-5 + state 2.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hicache.cache import Boundary
+from hicache.cache.room import Room, _node_still
+from hicache.pools import Source, Tier
+from hicache.tree import Snapshot
 from hicache.transfer import TransferConfig
 from tests.cache.conftest import Engine, hybrid_layout, make_cache, mha_layout, toks
 from tests.cache.test_stress import POLICIES, run
 
 A, B, C = toks(1, 2, 3), toks(4, 5, 6), toks(7, extra=1)
+
+
+def scanned_owners(room, tier, source, wanted):
+    """The owners of ``wanted`` ids found by scanning every node (what the owner index
+    replaces): the reference its lookups are checked against."""
+    device, out = tier is Tier.DEVICE, {}
+    resume = {id(s) for s in room._res.resume_snapshots()} if device else set()
+    for node in room._res._tree.nodes():
+        if source is Source.PAGE:
+            held = node.device_ids if device else node.host_ids
+            for pos, i in enumerate([] if held is None else held.tolist()):
+                if i in wanted and _node_still(node):
+                    out[i] = (node, pos)
+        elif node.snapshot is not None:
+            s = node.snapshot
+            row = s.device_id if device else s.host_id
+            if row in wanted and not s.busy and id(s) not in resume:
+                out[row] = s
+    return out
+
+
+@contextmanager
+def owners_checked_by_scan():
+    """Every compaction's owner lookup is compared with a scan of the tree; yields the
+    number of lookups made."""
+    real, calls = Room._owners, [0]
+
+    def checked(room, tier, source, wanted):
+        got = real(room, tier, source, wanted)
+        want = scanned_owners(room, tier, source, wanted)
+        assert got.keys() == want.keys() and all(
+            (got[k] is want[k]) if isinstance(want[k], Snapshot) else
+            (got[k][0] is want[k][0] and got[k][1] == want[k][1]) for k in want), (tier, source, wanted)
+        calls[0] += 1
+        return got
+
+    with mock.patch.object(Room, "_owners", checked):
+        yield calls
 
 
 def node_of(cache, tokens):
@@ -249,10 +293,11 @@ def test_stress_shared_budget_compacts_and_stays_whole(policy, tier, budget):
     cache = make_cache(device_pages=12, device_snaps=4, host_pages=20, host_snaps=6, write_policy=policy,
                        host_tier=tier, retention=0, budget=budget)
     assert (cache.pools.device.arena is None) == (budget == "shared_host") and cache.pools.host.arena is not None
-    rep = run(cache, ops=400, seed=1, fault_rate=0.05, prefetch=0.7)
+    with owners_checked_by_scan() as lookups:
+        rep = run(cache, ops=400, seed=1, fault_rate=0.05, prefetch=0.7)
     assert rep.verified_pages > 0
     if budget == "shared":   # a host arena alone need not fill up under every write policy
-        assert rep.stats["compaction_moves"] > 0
+        assert rep.stats["compaction_moves"] > 0 and lookups[0] > 0
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -268,4 +313,5 @@ def test_shared_budget_random_operations(seed, device_pages, host_pages, snaps, 
                        host_snaps=snaps + 1, write_policy=policy[0], host_tier=policy[1], retention=retention,
                        eviction=eviction, budget=budget, state_cap=cap,
                        transfer=TransferConfig(max_queued_ops=queue))
-    run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)
+    with owners_checked_by_scan():
+        run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)
