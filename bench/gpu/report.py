@@ -104,7 +104,7 @@ def _summary(kind: str, d: dict) -> str:
                 f"{d.get('host_hit_tokens', 0):,} / {d.get('l3_hit_tokens', 0):,} tokens")
     if kind == "transfer":
         return (f"{d.get('layout')}: D2H {d.get('d2h_ratio', 0):.2f}x, H2D {d.get('h2d_ratio', 0):.2f}x, "
-                f"both {d.get('duplex_ratio', 0):.2f}x of the DMA copy; verified {d.get('verified')}")
+                f"both {d.get('duplex_ratio', 0):.2f}x of the contiguous copy; verified {d.get('verified')}")
     if kind == "overlap":
         return (f"{d.get('layout')}: {d.get('hidden_per_layer', 0):.0%} of the copy hidden with per-layer "
                 f"waits ({d.get('hidden_free', 0):.0%} without); verified {d.get('verified')}")
@@ -133,22 +133,28 @@ def markdown(result: dict) -> str:
                       f"({_f(result.get('seconds'), '.0f')} s of a {_f(result.get('budget_s'), '.0f')} s budget)"]
     transfers = [r["data"] for r in steps.values() if r.get("data") and "d2h_ratio" in r["data"]]
     if transfers:
-        lines += ["", "### Copy bandwidth: GB/s, and x the contiguous DMA copy of the same bytes", "",
-                  "| layout | per direction | path | hicache | DMA copy | hicache x DMA | per-page loop | loop x DMA |",
-                  "|---|---|---|---|---|---|---|---|"]
+        lines += ["", "### Copy bandwidth: GB/s, and x the contiguous copy of the same bytes", "",
+                  "| layout | per direction | path | hicache | contiguous copy | hicache x copy | per-page loop | "
+                  "loop x copy |", "|---|---|---|---|---|---|---|---|"]
         for d in transfers:
-            size = f"{d.get('bytes', 0) / 2**30:.2f} GiB"
+            size = f"{d.get('bytes', 0) / 2**20:,.0f} MiB"
+            limit = {k: d[f"{k}_gbps"] / d[f"{k}_ratio"] if d.get(f"{k}_ratio") else None for k in ("d2h", "h2d")}
             for key, label in (("d2h", "D2H"), ("h2d", "H2D")):
                 lines.append(f"| {d.get('layout')} | {size} | {label} | {_f(d.get(f'{key}_gbps'))} | "
-                             f"{_f(d.get(f'memcpy_{key}_gbps'))} | {_f(d.get(f'{key}_ratio'))} | "
+                             f"{_f(limit[key])} | {_f(d.get(f'{key}_ratio'))} | "
                              f"{_f(d.get(f'naive_{key}_gbps'))} | {_f(d.get(f'naive_{key}_ratio'))} |")
             lines.append(f"| {d.get('layout')} | {size} | H2D layer by layer | {_f(d.get('h2d_per_layer_gbps'))} | "
-                         f"{_f(d.get('memcpy_h2d_gbps'))} | {_f(d.get('h2d_per_layer_ratio'))} | | |")
+                         f"{_f(limit['h2d'])} | {_f(d.get('h2d_per_layer_ratio'))} | | |")
             if "duplex_gbps" in d:
                 lines.append(f"| {d.get('layout')} | {size} | both at once (sum) | {_f(d.get('duplex_gbps'))} | "
                              f"{_f(d.get('memcpy_duplex_gbps'))} | {_f(d.get('duplex_ratio'))} | | |")
-        lines += ["", f"Backend {transfers[0].get('backend')} on {transfers[0].get('device')}; every byte "
-                      f"verified: {all(d.get('verified') for d in transfers)}."]
+        on_gpu = all(d.get("device") != "cpu" for d in transfers)
+        lines += ["", f"Backend {transfers[0].get('backend')} on {transfers[0].get('device')}; every byte verified: "
+                      f"{all(d.get('verified') for d in transfers)}. The contiguous copy: "
+                      + ("one pinned `copy_` of the same bytes per direction (cudaMemcpyAsync, the DMA limit); both "
+                         "at once, one on each of two streams." if on_gpu else
+                         "the faster of torch `copy_` and a streaming memcpy, one limit for both directions (on a "
+                         "CPU both share one memory bus; both at once: the two one after the other).")]
     ov = (steps.get("overlap") or {}).get("data")
     if ov:
         lines += ["", "### Per-layer load behind a stand-in layer compute", "",

@@ -85,8 +85,9 @@ def test_markdown_has_the_step_bandwidth_overlap_and_failed_test_tables(tmp_path
     md = report.markdown({"device": "cuda", "steps": steps, "passed": False, "seconds": 100, "budget_s": 470})
     assert md.startswith("## GPU suite: GPU run on NVIDIA H100")
     assert "| tests | fail | 1.0 | 1 passed, 1 failed, 1 skipped |" in md
-    assert "| deepseek-v4-flash | 1.00 GiB | D2H | 45.00 | 50.00 | 0.90 | 3.00 | 0.06 |" in md
-    assert "| deepseek-v4-flash | 1.00 GiB | both at once (sum) | 80.00 | 95.00 | 0.84 | | |" in md
+    assert "| deepseek-v4-flash | 1,024 MiB | D2H | 45.00 | 50.00 | 0.90 | 3.00 | 0.06 |" in md
+    assert "| deepseek-v4-flash | 1,024 MiB | both at once (sum) | 80.00 | 95.00 | 0.84 | | |" in md
+    assert "(cudaMemcpyAsync, the DMA limit)" in md
     assert "| deepseek-v4-flash | 512 | 41 | 10.00 | 11.00 | 12.50 | 0.85 | 11.50 | 0.95 | 0.98 |" in md
     assert "- `tests.transfer.test_device_kernels::test_b[cuda]`: AssertionError" in md
     assert "All steps passed: **no**" in md
