@@ -16,6 +16,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "storage": ("hicache.cli.bench_storage", "L3 put/get GB/s against redis-benchmark, memcpy or plain files"),
     "transfer": ("hicache.cli.bench_transfer",
                  "batched D2H/H2D copies vs a contiguous memcpy and a naive per-page loop"),
+    "overlap": ("hicache.cli.bench_overlap",
+                "share of a per-layer load hidden behind a stand-in layer compute"),
 }
 
 

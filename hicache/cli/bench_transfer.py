@@ -5,7 +5,9 @@ snapshots, every family of the layout, random scattered ids on both sides):
 
 (a) ``memcpy``: one contiguous copy (torch ``copy_``; on CUDA a pinned ``cudaMemcpy``);
 (b) ``naive``: a per-page, per-family, per-layer ``copy_`` loop, what one writes first;
-(c) ``d2h`` / ``h2d``: the TransferController (submit, ``step()``, wait), one merged batch.
+(c) ``d2h`` / ``h2d``: the TransferController (submit, ``step()``, wait), one merged batch;
+(d) with ``--duplex``, both at once: a D2H and an H2D of disjoint rows in one step (two
+    streams on CUDA, two worker threads on CPU) against two contiguous copies at once.
 
 Every figure is the best of ``--reps`` rounds, each round timing memcpy next to the batch
 so machine noise hits both. After the batch runs, every destination row is compared with
@@ -15,122 +17,33 @@ its source and every other row of the destination pools with its old bytes.
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from dataclasses import replace
 from functools import partial
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
-import psutil
 import torch
 
+from hicache.cli.bench_pools import (Check, Clock, add_copy_arguments, bump, check_host_memory, device_name, fill,
+                                     full_pools, progress_printer)
 from hicache.cli.common import at_least, print_json, resolve_config
 from hicache.cli.table import render_table
 from hicache.config import load_config
-from hicache.errors import ConfigError
-from hicache.pools import PoolPlan, TieredPools, TierPools, resolve_device
+from hicache.pools import TierPools, resolve_device
 from hicache.transfer import CopyHandle, QueueFull, TransferConfig, TransferController, native, native_status
 from hicache.units import format_bytes
 
-GiB = 1024**3
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default="deepseek-v4-flash",
-                   help="config YAML or a name from configs/ (default: deepseek-v4-flash)")
-    p.add_argument("--pages", type=int, default=1024, help="history pages per batch (default 1024)")
+    add_copy_arguments(p, pages=1024, what="per batch", reps=8)
     p.add_argument("--snapshots", type=int, default=None,
                    help="state snapshots per batch (default pages/16, at least 1 if the layout has state)")
-    p.add_argument("--reps", type=int, default=8, help="timed rounds; the best is reported (default 8)")
-    p.add_argument("--device", default=None, help="cpu, cuda or auto (default: the config's device)")
-    p.add_argument("--host-layout", choices=["layer_first", "page_first"], default=None,
-                   help="host pool layout (default: the config's host_layout)")
-    p.add_argument("--backend", default="auto", help="copy backend (default auto)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--duplex", action="store_true",
+                   help="also both directions at once (D2H and H2D of disjoint rows in one step) against "
+                        "two contiguous copies at once; doubles the pools")
 
 
-_T0 = time.monotonic()
-
-
-def _progress(msg: str) -> None:
-    print(f"[bench transfer {time.monotonic() - _T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
-
-
-class _Clock:
-    """Wall time on CPU; CUDA events around the work on GPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-
-    def time(self, fn) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1000.0
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-
-
-def _fill(tier: TierPools, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    chunk = 64 << 20
-    for sc in tier.sidecars.values():
-        flat = sc.data if sc.data.is_contiguous() else None
-        if flat is not None and sc.data.is_cuda:
-            flat.view(-1).random_(0, 256)
-            continue
-        for l in range(sc.data.shape[0]):
-            layer = sc.data[l]
-            rows = max(1, chunk // max(1, layer.shape[1]))
-            for lo in range(0, layer.shape[0], rows):
-                part = layer[lo: lo + rows]
-                part.copy_(torch.randint(0, 256, tuple(part.shape), dtype=torch.uint8, generator=g))
-
-
-def _pairs(rng: np.random.Generator, n: int, cap: int) -> np.ndarray:
-    return rng.permutation(cap)[:n].astype(np.int64)
-
-
-class _Check:
-    """Remembers a destination tier's rows outside the destination ids, to prove later that
-    the copy touched nothing else, and compares destination rows with their sources."""
-
-    def __init__(self, dst: TierPools, ids: dict[str, np.ndarray]):
-        self.dst, self.kept = dst, {}
-        for fam in dst.layout.families:
-            cap = dst.capacity(fam.source)
-            others = np.setdiff1d(np.arange(cap), ids[fam.source])
-            self.kept[fam.name] = (torch.from_numpy(others), dst.view(fam.name)[:, torch.from_numpy(others)
-                                   .to(dst.device)].cpu())
-
-    @staticmethod
-    def agree(dev: TierPools, host: TierPools, dev_ids: dict, host_ids: dict) -> bool:
-        ok = True
-        for fam in dev.layout.families:
-            d = torch.from_numpy(dev_ids[fam.source]).to(dev.device)
-            h = torch.from_numpy(host_ids[fam.source])
-            dv, hv = dev.view(fam.name), host.view(fam.name)
-            for l in range(dv.shape[0]):
-                ok &= torch.equal(dv[l, d].cpu(), hv[l, h])
-        return bool(ok)
-
-    def verify(self, src: TierPools, src_ids: dict, dst_ids: dict) -> bool:
-        ok = True
-        for fam in self.dst.layout.families:
-            s = torch.from_numpy(src_ids[fam.source])
-            d = torch.from_numpy(dst_ids[fam.source])
-            sv, dv = src.view(fam.name), self.dst.view(fam.name)
-            for l in range(sv.shape[0]):
-                ok &= torch.equal(sv[l, s.to(sv.device)].cpu(), dv[l, d.to(dv.device)].cpu())
-            others, old = self.kept[fam.name]
-            ok &= torch.equal(dv[:, others.to(dv.device)].cpu(), old)
-        return bool(ok)
+_progress = progress_printer("transfer")
 
 
 def _memcpy_candidates(device: torch.device, flat_dev: torch.Tensor,
@@ -182,6 +95,26 @@ def _naive_loop(src: TierPools, dst: TierPools, src_ids: dict, dst_ids: dict, no
                 dv[l, d].copy_(sv[l, s], non_blocking=non_blocking)
 
 
+def _duplex_memcpy(device: torch.device, bufs: list[torch.Tensor]) -> Callable[[], object] | None:
+    """Both directions at once, each one contiguous pinned ``copy_`` on its own stream (two
+    DMA engines): the limit of ``--duplex`` on CUDA. None on CPU, where both directions
+    share one memory bus and the limit is the two memcpys one after the other."""
+    if device.type != "cuda":
+        return None
+    flat_dev, flat_host, flat_dev2, flat_host2 = bufs
+    streams = [torch.cuda.Stream(device=device) for _ in range(2)]
+
+    def both() -> None:
+        main = torch.cuda.current_stream(device)
+        for s, (dst, src) in zip(streams, ((flat_host, flat_dev), (flat_dev2, flat_host2))):
+            s.wait_stream(main)
+            with torch.cuda.stream(s):
+                dst.copy_(src, non_blocking=True)
+        for s in streams:
+            main.wait_stream(s)
+    return both
+
+
 def run(args: argparse.Namespace) -> int:
     layout, cfg = load_config(resolve_config(args.config))
     pcfg = cfg.pools
@@ -193,51 +126,50 @@ def run(args: argparse.Namespace) -> int:
     snaps = args.snapshots if args.snapshots is not None else (max(1, args.pages // 16) if has_state else 0)
     at_least("--snapshots", snaps, 0)
     tcfg = TransferConfig(backend=args.backend)  # validates the backend name
-    # Room to scatter into: 25% more rows than are copied.
-    cap_p, cap_s = args.pages + max(1, args.pages // 4), snaps + max(1, snaps // 4)
+    # Room to scatter into: 25% more rows than are copied (--duplex: two disjoint sets).
+    sets = 2 if args.duplex else 1
+    cap_p, cap_s = sets * args.pages + max(1, args.pages // 4), sets * snaps + max(1, snaps // 4)
     page_b, snap_b = layout.object_bytes("page"), layout.object_bytes("state")
     total = args.pages * page_b + snaps * snap_b
     pool_b = cap_p * page_b + cap_s * snap_b
-    host_need = pool_b + 2 * total + pool_b // 4 + (pool_b if device.type == "cpu" else 0)
-    avail = psutil.virtual_memory().available - pcfg.host_reserve_bytes
-    if host_need > avail:
-        raise ConfigError("--pages", args.pages,
-                          f"needs about {host_need / GiB:.1f} GiB of host memory but "
-                          f"{max(avail, 0) / GiB:.1f} GiB is available; use fewer pages")
+    host_need = pool_b + 2 * sets * total + pool_b // 4 + (pool_b if device.type == "cpu" else 0)
+    check_host_memory("--pages", args.pages, host_need, pcfg.host_reserve_bytes)
     _progress(f"{layout.model or args.config}: {args.pages} pages + {snaps} snapshots = "
               f"{format_bytes(total)} per direction on {device}, host {host_layout}")
     pin = device.type == "cuda"
-    dev = TierPools(layout, "device", num_pages=cap_p, num_snapshots=cap_s, device=device)
-    host = TierPools(layout, "host", num_pages=cap_p, num_snapshots=cap_s, host_layout=host_layout,
-                     pin_memory=pin)
-    pools = TieredPools(layout, PoolPlan(cap_p, cap_s, cap_p, cap_s, page_b, snap_b), dev, host)
-    for tier in (dev, host):
-        for source, cap in (("page", cap_p), ("state", cap_s)):
-            assert tier.alloc(source, cap).ok, "fresh pools hold their own capacity"
+    pools = full_pools(layout, device, host_layout, cap_p, cap_s)
+    dev, host = pools.device, pools.host
     _progress("filling pools with random bytes")
-    _fill(dev, 1)
-    _fill(host, 2)
+    fill(dev, 1)
+    fill(host, 2)
     rng = np.random.default_rng(0)
-    dev_ids = {"page": _pairs(rng, args.pages, cap_p), "state": _pairs(rng, snaps, cap_s)}
-    host_ids = {"page": _pairs(rng, args.pages, cap_p), "state": _pairs(rng, snaps, cap_s)}
+    perms = {t: {"page": rng.permutation(cap_p), "state": rng.permutation(cap_s)} for t in ("dev", "host")}
+    n = {"page": args.pages, "state": snaps}
+    # Set k of a tier: ids [k*n, (k+1)*n) of its permutation (scattered, disjoint sets).
+    ids = [{t: {s: perms[t][s][k * n[s]:(k + 1) * n[s]].astype(np.int64) for s in n} for t in perms}
+           for k in range(sets)]
+    dev_ids, host_ids = ids[0]["dev"], ids[0]["host"]
 
-    clock = _Clock(device)
-    flat_dev = torch.empty(total, dtype=torch.uint8, device=device).fill_(3)
-    flat_host = torch.empty(total, dtype=torch.uint8, pin_memory=pin).fill_(4)
+    clock = Clock(device)
+    bufs = [torch.empty(total, dtype=torch.uint8, device=device).fill_(3),
+            torch.empty(total, dtype=torch.uint8, pin_memory=pin).fill_(4)]
     ctl = TransferController(pools, tcfg)
     # Loads layer by layer (what a GPU engine uses so layer N computes while N+1 loads),
     # measured too; on CPU the default (auto) loads a batch at once.
     ctl_layer = TransferController(pools, replace(tcfg, load_granularity="layer"))
     tiers = {"d2h": (dev, host, dev_ids, host_ids), "h2d": (host, dev, host_ids, dev_ids)}
 
-    def batched(direction: str, c: TransferController = ctl) -> None:
-        _, _, src, dst = tiers[direction]
+    def batched(directions: tuple[str, ...], c: TransferController = ctl) -> None:
         handles: list[CopyHandle] = []
-        for s in ("page", "state"):
-            if src[s].size:
-                h = c.copy(direction, s, src[s], dst[s])
-                assert not isinstance(h, QueueFull), f"one batch at a time never fills the queue: {h}"
-                handles.append(h)
+        for direction in directions:
+            # both at once (--duplex): the H2D moves the second set, so the two never conflict
+            k = 1 if len(directions) == 2 and direction == "h2d" else 0
+            src, dst = (ids[k]["dev"], ids[k]["host"]) if direction == "d2h" else (ids[k]["host"], ids[k]["dev"])
+            for s in ("page", "state"):
+                if src[s].size:
+                    h = c.copy(direction, s, src[s], dst[s])
+                    assert not isinstance(h, QueueFull), f"one batch at a time never fills the queue: {h}"
+                    handles.append(h)
         c.step()
         assert all(h.wait() for h in handles), [h.error for h in handles]
         assert all(a.ok for a in c.poll())
@@ -249,16 +181,26 @@ def run(args: argparse.Namespace) -> int:
     for direction in ("d2h", "h2d"):
         src_t, dst_t, src_ids, dst_ids = tiers[direction]
         if direction == "h2d":
-            _fill(host, 3)
-        check = _Check(dst_t, dst_ids)
-        batched(direction)
+            bump(host)
+        check = Check(dst_t, dst_ids)
+        batched((direction,))
         ok = check.verify(src_t, src_ids, dst_ids)
         verified &= ok
         _progress(f"{direction} verified: {ok}")
         del check
+    if args.duplex:
+        # new host bytes: both sets' destinations now differ from their sources
+        bump(host)
+        bufs += [torch.empty(total, dtype=torch.uint8, device=device).fill_(5),
+                 torch.empty(total, dtype=torch.uint8, pin_memory=pin).fill_(6)]
+        batched(("d2h", "h2d"))
+        ok = Check.agree(dev, host, dev_ids, host_ids) and Check.agree(dev, host, ids[1]["dev"], ids[1]["host"])
+        verified &= ok
+        _progress(f"both at once verified: {ok}")
 
     # 2. Speed: rounds interleave the baselines and both directions, best of each kept.
-    mems = _memcpy_candidates(device, flat_dev, flat_host)
+    mems = _memcpy_candidates(device, bufs[0], bufs[1])
+    duplex_mem = _duplex_memcpy(device, bufs) if args.duplex else None
     best: dict[str, float] = {}
 
     def keep(key: str, seconds: float) -> None:
@@ -269,17 +211,37 @@ def run(args: argparse.Namespace) -> int:
         for direction in ("d2h", "h2d"):
             for name, fn in mems[direction].items():
                 keep(f"memcpy_{direction}:{name}", clock.time(fn))
-            keep(direction, clock.time(lambda: batched(direction)))
-        keep("h2d_per_layer", clock.time(lambda: batched("h2d", ctl_layer)))
+            keep(direction, clock.time(lambda: batched((direction,))))
+        keep("h2d_per_layer", clock.time(lambda: batched(("h2d",), ctl_layer)))
+        if args.duplex:
+            keep("duplex", clock.time(lambda: batched(("d2h", "h2d"))))
+            if duplex_mem is not None:
+                keep("memcpy_duplex", clock.time(duplex_mem))
     # The last H2D copied host rows back over the device rows the D2H read: they must agree.
-    verified &= _Check.agree(dev, host, dev_ids, host_ids)
+    verified &= Check.agree(dev, host, dev_ids, host_ids)
     _progress("naive loop")
     for direction in ("d2h", "h2d"):
         src_t, dst_t, src_ids, dst_ids = tiers[direction]
         for _ in range(min(2, args.reps)):
             keep(f"naive_{direction}", clock.time(lambda: _naive(src_t, dst_t, src_ids, dst_ids)))
-    result = {}
-    methods = {}
+    out = _results(best, total, device)
+    ctl.shutdown()
+    ctl_layer.shutdown()
+    pools.check_integrity()
+    out.update(verified=verified, backend=ctl.backend, native=native_status() if device.type == "cpu" else None,
+               load_granularity=ctl.load_granularity, layout=layout.model or str(args.config),
+               host_layout=host_layout, pages=args.pages, snapshots=snaps, bytes=total, reps=args.reps,
+               threads=torch.get_num_threads())
+    if args.json:
+        print_json(out)
+    else:
+        _print_table(out)
+    return 0 if verified else 1
+
+
+def _results(best: dict[str, float], total: int, device: torch.device) -> dict:
+    """GB/s of every path from the best seconds, and each one's ratio to its limit."""
+    result, methods = {}, {}
     for direction in ("d2h", "h2d"):
         cands = {k.split(":", 1)[1]: v for k, v in best.items() if k.startswith(f"memcpy_{direction}:")}
         methods[direction] = min(cands, key=cands.__getitem__)
@@ -287,9 +249,6 @@ def run(args: argparse.Namespace) -> int:
         result[f"{direction}_gbps"] = total / best[direction] / 1e9
         result[f"naive_{direction}_gbps"] = total / best[f"naive_{direction}"] / 1e9
         result[f"torch_copy_{direction}_gbps"] = total / best[f"memcpy_{direction}:torch_copy"] / 1e9
-    ctl.shutdown()
-    ctl_layer.shutdown()
-    pools.check_integrity()
     if device.type == "cpu":   # the same CPU-to-CPU copy both ways: one limit
         memcpy = max(result["memcpy_d2h_gbps"], result["memcpy_h2d_gbps"])
         base = {"d2h": memcpy, "h2d": memcpy}
@@ -297,31 +256,28 @@ def run(args: argparse.Namespace) -> int:
         memcpy = (result["memcpy_d2h_gbps"] + result["memcpy_h2d_gbps"]) / 2
         base = {d: result[f"memcpy_{d}_gbps"] for d in ("d2h", "h2d")}
     naive = max(result["naive_d2h_gbps"], result["naive_h2d_gbps"])
-    out = {
+    out: dict[str, Any] = {
         "memcpy_gbps": memcpy, "naive_gbps": naive,
         "d2h_gbps": result["d2h_gbps"], "h2d_gbps": result["h2d_gbps"],
         "d2h_ratio": result["d2h_gbps"] / base["d2h"], "h2d_ratio": result["h2d_gbps"] / base["h2d"],
-        "verified": verified,
-        "device": "cpu" if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "device": device_name(device),
         "d2h_vs_naive": result["d2h_gbps"] / naive, "h2d_vs_naive": result["h2d_gbps"] / naive,
-        "memcpy_d2h_gbps": result["memcpy_d2h_gbps"], "memcpy_h2d_gbps": result["memcpy_h2d_gbps"],
-        "naive_d2h_gbps": result["naive_d2h_gbps"], "naive_h2d_gbps": result["naive_h2d_gbps"],
-        "backend": ctl.backend, "native": native_status() if device.type == "cpu" else None,
         "memcpy_method": methods,
-        "torch_copy_d2h_gbps": result["torch_copy_d2h_gbps"],
-        "torch_copy_h2d_gbps": result["torch_copy_h2d_gbps"],
         "h2d_per_layer_gbps": total / best["h2d_per_layer"] / 1e9,
         "h2d_per_layer_ratio": total / best["h2d_per_layer"] / 1e9 / base["h2d"],
-        "load_granularity": ctl.load_granularity,
-        "layout": layout.model or str(args.config), "host_layout": host_layout,
-        "pages": args.pages, "snapshots": snaps, "bytes": total, "reps": args.reps,
-        "threads": torch.get_num_threads(),
     }
-    if args.json:
-        print_json(out)
-    else:
-        _print_table(out)
-    return 0 if verified else 1
+    for d in ("d2h", "h2d"):
+        for k in (f"memcpy_{d}_gbps", f"naive_{d}_gbps", f"torch_copy_{d}_gbps"):
+            out[k] = result[k]
+        out[f"naive_{d}_ratio"] = result[f"naive_{d}_gbps"] / base[d]
+    if "duplex" in best:
+        # Both at once moves 2 x total. The limit: two DMA copies at once on CUDA; on CPU
+        # the two best memcpys one after the other (one memory bus).
+        limit_s = best.get("memcpy_duplex", total / base["d2h"] / 1e9 + total / base["h2d"] / 1e9)
+        out["duplex_gbps"] = 2 * total / best["duplex"] / 1e9
+        out["memcpy_duplex_gbps"] = 2 * total / limit_s / 1e9
+        out["duplex_ratio"] = out["duplex_gbps"] / out["memcpy_duplex_gbps"]
+    return out
 
 
 def _print_table(o: dict) -> None:
@@ -343,4 +299,7 @@ def _print_table(o: dict) -> None:
           f"(naive = the faster direction's loop)")
     print(f"memcpy baseline    {o['memcpy_method']['d2h']} (torch copy_: D2H {o['torch_copy_d2h_gbps']:.2f}, "
           f"H2D {o['torch_copy_h2d_gbps']:.2f} GB/s)")
+    if "duplex_gbps" in o:
+        print(f"both at once       {o['duplex_gbps']:.2f} GB/s D2H + H2D = {o['duplex_ratio']:.2f}x of "
+              f"{o['memcpy_duplex_gbps']:.2f} GB/s for two contiguous copies at once")
     print(f"verified           {'every byte matched' if o['verified'] else 'FAILED: bytes differ'}")

@@ -2,7 +2,8 @@
 
     hicache replay [--config PATH] [--workload NAME | --trace FILE]
                    [--conversations N] [--seed S] [--storage URL] [--device-gib X] [--host-gib Y]
-                   [--verify full|sample|off] [--bytes real|none] [clock flags] [--json]
+                   [--device cpu|cuda|auto] [--verify full|sample|off] [--bytes real|none]
+                   [clock flags] [--json]
                    [--plot FILE.png] [--requests-out FILE.jsonl] [--metrics-out FILE.prom]
 
 ``NAME`` is ``synthetic`` (the chat preset) or a workload family (:data:`WORKLOADS`,
@@ -74,6 +75,9 @@ def add_source_args(p: argparse.ArgumentParser, *, conversations_help: str) -> N
 def add_cache_args(p: argparse.ArgumentParser) -> None:
     """Policy and budget overrides of the config's ``cache:`` section."""
     p.add_argument("--storage", metavar="URL", help="L3 URL (default: the config's, memory://); none:// disables L3")
+    p.add_argument("--device", metavar="DEV",
+                   help="where the device (L1) pools live: cpu, cuda, cuda:N or auto (default: the config's; "
+                        "cuda pins the host pools and copies with the Triton kernel)")
     p.add_argument("--device-pages", type=int, help="device budget as a page count (overrides --device-gib)")
     p.add_argument("--host-pages", type=int, help="host budget as a page count")
     p.add_argument("--state-share", type=float,
@@ -161,6 +165,8 @@ def cache_overrides(args: argparse.Namespace) -> dict:
     out: dict = {}
     if args.storage is not None:
         out["storage_url"] = args.storage  # "" too: StorageConfig refuses it rather than ignoring it
+    if args.device is not None:
+        out["device"] = args.device        # PoolConfig checks it; building the pools finds no CUDA
     for flag in ("device_pages", "host_pages", "device_snapshots", "host_snapshots"):
         v = at_least(f"--{flag.replace('_', '-')}", getattr(args, flag), 1 if flag.endswith("pages") else 0)
         if v is not None:

@@ -1,7 +1,7 @@
 """``hicache replay --model tiny``: the tiny DeepSeek-V4-style model served through every tier,
 each computed logit compared with a full recompute without cache.
 
-    hicache replay --model tiny [--conversations N] [--seed S] [--storage URL]
+    hicache replay --model tiny [--conversations N] [--seed S] [--storage URL] [--device DEV]
                    [--retention N|none] [--max-running N] [--json] [--quiet]
                    [--requests-out FILE.jsonl] [--plot FILE.png]
 
@@ -100,6 +100,7 @@ def build_summary(cache, report, pools, model_cfg) -> dict:
         "host_snapshots": pools.host_snapshots,
         "retention_interval": cache.config.tree.retention_interval,
         "storage_url": mask_url(cache.config.storage.url),
+        "device": str(cache.pools.device.device),   # where the device tier's pools live
         "wall_s": round(report.wall_s, 2),
     }
 
@@ -146,7 +147,10 @@ def run_tiny(args: argparse.Namespace) -> int:
     model_cfg = TinyV4Config()
     pools = TinyPools()
     requests = tiny_workload(conversations, args.seed, vocab=model_cfg.vocab)
-    cache = tiny_cache(model_cfg, pools=pools, storage_url="memory://" if args.storage is None else args.storage, retention=retention)
+    # --device puts the pools there (the model computes on the CPU in float64 and reads and
+    # writes its rows across the boundary), so the same exactness check covers CUDA pools.
+    cache = tiny_cache(model_cfg, pools=pools, storage_url="memory://" if args.storage is None else args.storage,
+                       retention=retention, device=args.device or "cpu")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny tensors: extra intra-op threads only add barrier waits
     try:

@@ -27,6 +27,22 @@ def test_bench_transfer_json(capsys):
     assert "round 1/1" in err and "verified: True" in err   # progress goes to stderr
 
 
+def test_bench_transfer_duplex_moves_both_directions_at_once(capsys):
+    rc = main(["bench", "transfer", "--config", "tiny-hybrid", "--pages", "24", "--reps", "1", "--duplex", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0 and "both at once verified: True" in err
+    data = json.loads(out)
+    assert data["verified"] is True and data["duplex_gbps"] > 0
+    # CPU: one memory bus, so the limit of both at once is the two memcpys one after the other
+    assert data["memcpy_duplex_gbps"] == pytest.approx(data["memcpy_gbps"])
+    assert data["duplex_ratio"] == pytest.approx(data["duplex_gbps"] / data["memcpy_duplex_gbps"])
+    for d in ("d2h", "h2d"):
+        assert data[f"naive_{d}_ratio"] == pytest.approx(data[f"naive_{d}_gbps"] / data["memcpy_gbps"])
+    rc = main(["bench", "transfer", "--config", "tiny-mha", "--pages", "8", "--reps", "1", "--duplex"])
+    out, _ = capsys.readouterr()
+    assert rc == 0 and "both at once" in out and "every byte matched" in out
+
+
 def test_bench_transfer_table_layer_first(capsys):
     rc = main(["bench", "transfer", "--config", "tiny-mha", "--pages", "16", "--reps", "1",
                "--host-layout", "layer_first"])

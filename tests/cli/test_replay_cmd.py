@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from hicache.cli.main import main
 
@@ -38,6 +39,22 @@ def test_policies_replay_with_every_byte_checked(capsys, flags):
         assert out["preemptions"] == 0 and out["readmission_recomputed_tokens"] == 0
     if "exclusive" in flags and out["host_hit_tokens"]:
         assert out["host_released_pages"] > 0
+
+
+def test_device_flag_places_the_pools_and_every_byte_checks(capsys, device):
+    rc, out = replay(capsys, "--device", device.type, "--verify", "full")
+    assert rc == 0 and out["device"] == device.type
+    assert out["mismatched_pages"] == 0 and out["verified_pages"] > 0 and out["hit_tokens"] > 0
+
+
+@pytest.mark.parametrize("bad, says", [("tpu", "must be 'cpu', 'cuda', 'cuda:N' or 'auto'"),
+                                       pytest.param("cuda", "no CUDA device is available", marks=pytest.mark.skipif(
+                                           torch.cuda.is_available(), reason="CUDA is available here"))])
+def test_a_bad_device_is_one_line(capsys, bad, says):
+    rc = main(["replay", *SMALL, "--device", bad])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("hicache replay: error:") and says in err, err
 
 
 @pytest.mark.parametrize("flags, named", [

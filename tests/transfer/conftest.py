@@ -35,10 +35,15 @@ def row_size_layout() -> CacheLayout:
 
 def make_pools(layout: CacheLayout, *, host_layout: str = "page_first", device_pages: int = 8,
                host_pages: int = 10, device_snapshots: int = 5, host_snapshots: int = 6,
-               host_sidecar_rows: dict | None = None, seed: int = 0) -> TieredPools:
-    dev = TierPools(layout, "device", num_pages=device_pages, num_snapshots=device_snapshots)
+               host_sidecar_rows: dict | None = None, seed: int = 0,
+               device: torch.device | str = "cpu") -> TieredPools:
+    """Pools filled with random bytes; the device tier on ``device``, the host pinned when
+    that is CUDA (as ``build_pools`` does: the Triton kernel reads host memory over UVA)."""
+    device = torch.device(device)
+    dev = TierPools(layout, "device", num_pages=device_pages, num_snapshots=device_snapshots, device=device)
     host = TierPools(layout, "host", num_pages=host_pages, num_snapshots=host_snapshots,
-                     host_layout=host_layout, sidecar_rows=host_sidecar_rows)
+                     host_layout=host_layout, sidecar_rows=host_sidecar_rows,
+                     pin_memory=device.type == "cuda")
     plan = PoolPlan(device_pages, device_snapshots, host_pages, host_snapshots,
                     layout.object_bytes("page"), layout.object_bytes("state"))
     pools = TieredPools(layout, plan, dev, host)

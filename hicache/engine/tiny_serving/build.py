@@ -59,8 +59,10 @@ def model_salt(cfg: TinyV4Config) -> str:
 def tiny_cache_config(model_cfg: TinyV4Config, *, pools: TinyPools = TinyPools(),
                       storage_url: str = "memory://", retention: int | None = None,
                       write_policy: str = "write_through",
-                      prefetch_policy: str = "wait_complete") -> HiCacheConfig:
-    """A :class:`HiCacheConfig` for ``layout_for(model_cfg)`` on the CPU.
+                      prefetch_policy: str = "wait_complete", device: str = "cpu") -> HiCacheConfig:
+    """A :class:`HiCacheConfig` for ``layout_for(model_cfg)``, its device pools on ``device``
+    (the CPU by default; ``cuda`` pins the host pools and copies with the Triton kernel, while
+    the model itself computes on the CPU, so the same logits are expected everywhere).
 
     ``write_through``: every published page gets a host copy at once, so device eviction
     demotes (host hits later) instead of dropping. ``wait_complete`` prefetch and a
@@ -68,7 +70,7 @@ def tiny_cache_config(model_cfg: TinyV4Config, *, pools: TinyPools = TinyPools()
     """
     P = model_cfg.page_tokens
     return HiCacheConfig(
-        pools=PoolConfig(device="cpu", device_bytes=1 << 20, host_bytes=1 << 20,
+        pools=PoolConfig(device=device, device_bytes=1 << 20, host_bytes=1 << 20,
                          device_pages=pools.device_pages, device_snapshots=pools.device_snapshots,
                          host_pages=pools.host_pages, host_snapshots=pools.host_snapshots),
         tree=TreeConfig(retention_interval=retention),

@@ -278,13 +278,12 @@ def test_paged_misuse_is_reported():
     pools.check_integrity()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_resume_from_pools_on_a_cuda_device():
-    """Pools on the GPU, model on the CPU: rows cross the device boundary unchanged."""
+def test_resume_from_pools_on_each_device(device):
+    """Pools on the device (the GPU in the gpu half), model on the CPU: rows cross the
+    device boundary unchanged and the resumed logits are exact."""
     cfg = TinyV4Config()
     model = model_for(cfg)
-    pools = TierPools(layout_for(cfg), "device", num_pages=16, num_snapshots=4, device="cuda")
+    pools = TierPools(layout_for(cfg), "device", num_pages=16, num_snapshots=4, device=device)
     toks = tokens(cfg, 70, seed=25)
     _, owner, pub = run_publishing(model, pools, toks[:48], chunks=7)
     cache = PagedSequenceCache.resume(cfg, pools, pub.pages[:3], pub.snapshots[48], 48)

@@ -34,11 +34,12 @@ def request(rid: int, prompt: np.ndarray, output: np.ndarray, *, conv: str | Non
 
 
 def small_cache(*, device_pages=10, device_snapshots=4, host_pages=16, host_snapshots=8,
-                retention=None, storage="memory://"):
-    """Pools of a few 16-token pages, so one or two other requests evict a prefix."""
+                retention=None, storage="memory://", device="cpu"):
+    """Pools of a few 16-token pages, so one or two other requests evict a prefix; the
+    device tier on ``device`` (the model computes on the CPU either way)."""
     pools = TinyPools(device_pages=device_pages, device_snapshots=device_snapshots,
                       host_pages=host_pages, host_snapshots=host_snapshots)
-    return tiny_cache(CFG, pools=pools, retention=retention, storage_url=storage)
+    return tiny_cache(CFG, pools=pools, retention=retention, storage_url=storage, device=str(device))
 
 
 def serve(cache, requests, engine_cls=TinyEngine, **cfg) -> TinyReport:

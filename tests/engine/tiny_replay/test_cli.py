@@ -35,7 +35,7 @@ def test_json_is_exact_with_hits_from_every_tier(capsys):
     # Every computed position is checked: prompt + output minus what was reused.
     assert s["checked_tokens"] == sum(r.prompt_len + r.output_len for r in reqs) - s["hit_tokens"]
     assert s["mismatched_pages"] == 0 and s["verified_pages"] > 0 and s["l3_errors"] == 0
-    assert (s["retention_interval"], s["storage_url"]) == (None, "memory://")
+    assert (s["retention_interval"], s["storage_url"], s["device"]) == (None, "memory://", "cpu")
 
 
 def test_table_and_requests_out(capsys, tmp_path):
@@ -82,3 +82,12 @@ def test_exit_1_when_a_resume_is_wrong(capsys, monkeypatch):
     s = json.loads(out)
     assert rc == 1
     assert s["max_logit_diff"] > TOLERANCE and s["mismatched_pages"] > 0 and s["exact"] is False
+
+
+@pytest.mark.parametrize("bad, says", [("tpu", "must be 'cpu', 'cuda', 'cuda:N' or 'auto'"),
+                                       pytest.param("cuda", "no CUDA device is available", marks=pytest.mark.skipif(
+                                           torch.cuda.is_available(), reason="CUDA is available here"))])
+def test_a_bad_device_is_one_line(capsys, bad, says):
+    rc, out, err = _run(capsys, "--device", bad, "--conversations", "1")
+    assert rc == 2 and out == ""
+    assert len(err.splitlines()) == 1 and err.startswith("hicache replay: error:") and says in err, err

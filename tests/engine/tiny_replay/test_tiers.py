@@ -1,5 +1,7 @@
 """Each tier's resume path, through the facade, is exact against a no-cache recompute
-(the two-turn scenario is described in ``conftest.py``)."""
+(the two-turn scenario is described in ``conftest.py``). The three tier tests take the
+``device`` fixture: their CUDA half (``gpu``) puts the device pools on the GPU, host pools
+pinned, copies through the Triton kernel on side streams, and expects the same logits."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ from tests.engine.tiny_replay.conftest import (A2_OUT, A2_PROMPT, A_OUT, A_PROMP
                                                assert_exact, request, serve, small_cache, toks, two_turns)
 
 
-def test_resume_from_the_device_is_exact():
-    cache = small_cache()
+def test_resume_from_the_device_is_exact(device):
+    cache = small_cache(device=device)
     report = two_turns(cache, FILLERS["device"])
     rec = report.records[0]
     assert (rec.hit_tokens, rec.device_hit_tokens, rec.host_hit_tokens, rec.l3_hit_tokens) == (RESUME, RESUME, 0, 0)
@@ -18,8 +20,8 @@ def test_resume_from_the_device_is_exact():
     cache.close()
 
 
-def test_resume_from_the_host_after_device_eviction_is_exact():
-    cache = small_cache()
+def test_resume_from_the_host_after_device_eviction_is_exact(device):
+    cache = small_cache(device=device)
     report = two_turns(cache, FILLERS["host"])
     rec = report.records[0]
     s = cache.stats()
@@ -32,8 +34,8 @@ def test_resume_from_the_host_after_device_eviction_is_exact():
     cache.close()
 
 
-def test_resume_from_l3_after_host_eviction_is_exact():
-    cache = small_cache()
+def test_resume_from_l3_after_host_eviction_is_exact(device):
+    cache = small_cache(device=device)
     report = two_turns(cache, FILLERS["l3"])
     rec = report.records[0]
     s = cache.stats()
