@@ -297,7 +297,8 @@ class GhostCache:
         decode_from = self._prompt.get(request, 0) if why == "finish" else len(keys)
         nodes = self.nodes
         held = self._held.setdefault(request, [])
-        held_depth = held[-1].depth if held else 0   # held nodes go root first along the request's path
+        # held nodes go root first along the request's path (held[d - 1] is the node d pages
+        # deep), so a node is the request's already when it sits at its depth in that list
         self.clock += 1
         now = self.clock
         parent = self.root
@@ -320,9 +321,10 @@ class GhostCache:
                     self._push_snap(parent)
                 self._push_page(node)
             else:
-                if depth > held_depth:
+                if depth > len(held) or held[depth - 1] is not node:
                     # already cached past the request's resume point (e.g. a chain whose
-                    # snapshot went): the request now holds and uses it, as a lease does
+                    # snapshot went), or off the path it holds: the request now holds and
+                    # uses it, as a lease does
                     node.pins += 1
                     held.append(node)
                     node.last_access = now

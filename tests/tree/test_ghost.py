@@ -219,3 +219,19 @@ def test_the_named_candidates_are_ranked_strategies():
         s = get_strategy(name)
         assert isinstance(s, Ranked) and s.name == name
         assert all(getattr(s, k) == v for k, v in flags.items())
+
+
+def test_a_publish_off_the_path_a_request_holds_keeps_its_pages():
+    """Hypothesis found it: request 0 holds [0, 1] (two pages deep) and publishes [100], one
+    page deep on another branch; the ghost took it as already held (depth 1 <= 2) and evicted
+    the page the request had just published."""
+    g = GhostCache(get_strategy("lru"), capacity_units=4, snapshot_units=2)
+    g.lookup(0, [0])
+    g.publish(0, [0, 1], "prefill", True)
+    g.publish(1, [100], "prefill", False)
+    g.release(1)
+    g.publish(0, [100], "prefill", False)
+    assert 100 in g.nodes and g.nodes[100].pins == 1
+    g.release(0)
+    assert g.nodes[100].pins == 0
+    g.check()
