@@ -197,7 +197,7 @@ class Scheduler:
         h2d0, d2h0 = self.charged
         self.ex.step()  # every load of this step as one batched copy
         work = self._batch()
-        self.ex.poll()
+        self.ex.poll(self.now)
         h2d1, d2h1 = self.charged = self.ex.moved()
         blocking = d2h1 - d2h0 if self.ex.blocking_d2h else 0
         start = self.now
