@@ -27,6 +27,7 @@ from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, add_cache_args, add_engi
                                     budget_overrides, engine_config, load_cache_config, load_requests)
 from hicache.cli.table import render_table
 from hicache.config import NO_L3
+from hicache.errors import HiCacheError
 from hicache.storage import mask_url
 from hicache.units import format_bytes
 
@@ -104,23 +105,29 @@ def _fleet_once(args, layout, cfg, ecfg, work, engines: int, label: str, url: st
     finally:
         for c in caches:
             c.close()
-    _purge(url, layout, storage.salt)
-    return {"label": label, "engines": engines, "storage_url": mask_url(url), "per_engine": rows,
+    purged = _purge(url, layout, storage.salt)
+    return {"label": label, "purged": purged, "engines": engines, "storage_url": mask_url(url), "per_engine": rows,
             "total": _total(rows), "device_bytes": plan.device_bytes, "host_bytes": plan.host_bytes,
             "wall_s": round(fr.wall_s, 2)}
 
 
-def _purge(url: str, layout, salt: str) -> None:
-    """Remove a run's namespace from a shared store (memory:// dies with the process)."""
+def _purge(url: str, layout, salt: str) -> bool:
+    """Remove a run's namespace from a shared store (memory:// dies with the process).
+    Best effort: a store that went down during the run (a node killed) leaves its keys,
+    and the run's figures still count; False then."""
     if url == NO_L3 or url.startswith("memory://"):
-        return
+        return True
     from hicache.storage import L3Store, open_backend, purge
 
-    backend = open_backend(url)
     try:
-        purge(backend, L3Store(backend, layout.fingerprint, salt).namespace)
-    finally:
-        backend.close()
+        backend = open_backend(url)
+        try:
+            purge(backend, L3Store(backend, layout.fingerprint, salt).namespace)
+        finally:
+            backend.close()
+    except HiCacheError:
+        return False
+    return True
 
 
 def run(args: argparse.Namespace) -> int:

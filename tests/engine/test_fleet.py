@@ -60,3 +60,36 @@ def test_a_conversation_moves_between_engines_through_l3_in_turn_order():
     hit = sum(r.hit_tokens for rep in run.reports for r in rep.records)
     assert hit > sum(r.hit_tokens for rep in alone.reports for r in rep.records)
     assert sum(r.l3_hit_tokens for rep in alone.reports for r in rep.records) == 0
+
+
+@pytest.mark.redis
+def test_redis_killed_midway_every_engine_finishes_with_no_mismatch():
+    from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip(SKIP_REASON)
+    server = RedisServer()
+    reqs = small_chat(n=10)
+    caches = [make_cache(device_pages=60, host_pages=60, device_snaps=8, host_snaps=8, write_policy="write_back",
+                         storage=server.url, admit=ADMIT, prefetch_policy="timeout") for _ in range(3)]
+    killed = []
+
+    def progress(done, total):
+        if done == total // 3 and not killed:
+            server.kill()
+            killed.append(done)
+
+    try:
+        run = run_fleet(caches, CFG, reqs, "round-robin", progress)
+        for c in caches:
+            c.check_integrity()
+        stats = [c.stats() for c in caches]
+    finally:
+        for c in caches:
+            c.close()
+        server.close()
+    recs = [r for rep in run.reports for r in rep.records]
+    assert killed and len(recs) == len(reqs) and all(r.finished for r in recs)
+    assert sum(rep.mismatched_pages for rep in run.reports) == 0
+    assert sum(r.l3_hit_tokens for r in recs) > 0          # before the kill
+    assert sum(s["l3_errors"] for s in stats) > 0           # after it: faults, counted, not raised
