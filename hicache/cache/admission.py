@@ -14,7 +14,7 @@ the step::
     poll(now)                ->  token bucket refilled at gbps (caller's clock)
                                  while tokens > 0: take the best candidate, gather its pages
                                  not yet in L3 and its snapshot into a staging buffer, put_async
-    L3 ticket done           ->  nodes marked l3_stored, skipped (already held) bytes refunded
+    L3 ticket done           ->  hashes recorded as stored, skipped (already held) bytes refunded
 
 Why a staging copy: the puts read a private buffer, not pool rows, so nothing is locked,
 held or pinned for them and no eviction, load or compaction decision of the device or the
@@ -26,7 +26,8 @@ holds (``backup_skip_existing``: a fleet writes each shared page once); their by
 given back to the budget. A chain whose pages are not readable now (a load filling the
 device copy, a backup filling the host copy) waits for a later poll.
 
-Admission holds no pool ids: ``check_integrity`` has nothing to check here.
+Admission holds no pool ids: ``check_integrity`` has nothing to check here. It is off for
+a private ``memory://`` store (no name): nobody but this cache reads it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import numpy as np
 import torch
 
 from hicache.cache.results import AdmitCounters
-from hicache.config import AdmitConfig
+from hicache.config import NO_L3, AdmitConfig
 from hicache.layout import CacheLayout
 from hicache.pools import TieredPools, TierPools
 from hicache.storage import L3Store, PutTicket
@@ -72,6 +73,17 @@ def gather_objects(tier: TierPools, source: str, ids: Sequence[int], out: np.nda
             dst[:] = view.index_select(1, idx).permute(1, 0, 2).cpu().numpy()
 
 
+def admission_active(cfg: AdmitConfig, url: str) -> bool:
+    """Whether a cache with this config and L3 URL admits chains to L3: not with ``off``,
+    not without L3, and not for a private in-process store (``memory://`` without a
+    name), whose only reader is the cache itself -- the host-eviction path serves it, and
+    admission would only fill its capacity with chains still on the device or host (the
+    main job: L3 hits 9.0% -> 1.4%). Shared or lasting stores (memory://NAME, file://,
+    Redis) admit."""
+    private = url == "memory://" or url.startswith("memory://?")
+    return cfg.mode != "off" and url != NO_L3 and not private
+
+
 @dataclass(eq=False)
 class _Candidate:
     node: TreeNode
@@ -94,10 +106,11 @@ class _Flight:
 class L3Admission:
     """Chooses the chains L3 receives and writes them, paced (see module docstring)."""
 
-    def __init__(self, cfg: AdmitConfig, layout: CacheLayout, pools: TieredPools, store: L3Store | None):
+    def __init__(self, cfg: AdmitConfig, layout: CacheLayout, pools: TieredPools, store: L3Store | None,
+                 url: str = ""):
         self.cfg = cfg
         self.counters = AdmitCounters()
-        self._store = store if cfg.mode != "off" else None
+        self._store = store if admission_active(cfg, url) else None
         self._pools = pools
         self._page_tokens = layout.page_tokens
         self._page_bytes = layout.object_bytes("page")
@@ -108,6 +121,7 @@ class L3Admission:
         self._last: float | None = None
         self._flights: dict[PutTicket, _Flight] = {}
         self._inflight: set[TreeNode] = set()
+        self._stored_pages: set[bytes] = set()           # page hashes written or found in L3
         self._stored_states: set[bytes] = set()          # snapshot keys written or found in L3
         self._inflight_states: set[bytes] = set()
 
@@ -186,8 +200,16 @@ class L3Admission:
 
     def _stored(self, node: TreeNode, snap: Snapshot | None) -> bool:
         key = node.hashes[-1] if node.hashes else None
-        return (all(n.l3_stored for n in node.iter_ancestors())
+        return (all(self._has(n) for n in node.iter_ancestors())
                 and (snap is None or key in self._stored_states))
+
+    def _has(self, node: TreeNode) -> bool:
+        """Known to be in L3: put by the host path (``l3_stored``) or by admission. Admission
+        keeps its own record rather than setting ``l3_stored``: a store that evicts (an
+        LRU capacity, Redis ``allkeys-lru``) may drop the object later, and the host path
+        must then still put it when the page reaches the host (its put asks the store
+        first, so an object still there is not written twice)."""
+        return node.l3_stored or all(h in self._stored_pages for h in node.hashes)
 
     def _source(self, node: TreeNode) -> tuple[TierPools, np.ndarray] | None:
         """Where ``node``'s pages can be read now: the device copy unless a load is still
@@ -216,7 +238,7 @@ class L3Admission:
         key = node.hashes[-1]
         nodes, reads = [], []
         for n in node.iter_ancestors():
-            if n.l3_stored or n in self._inflight:
+            if n in self._inflight or self._has(n):
                 continue
             src = self._source(n)
             if src is None:
@@ -286,14 +308,10 @@ class L3Admission:
             self._inflight_states.discard(flight.state_key)
             if all(stored):
                 self._stored_states.add(flight.state_key)
-        ok = {h for h, s in zip(ticket.hashes, stored) if s}
+        if flight.nodes:
+            self._stored_pages.update(h for h, s in zip(ticket.hashes, stored) if s)
         for node in flight.nodes:
             self._inflight.discard(node)
-            # a split while the put was in flight left the node's upper part above it
-            for n in node.iter_ancestors():
-                if not n.hashes or not all(h in ok for h in n.hashes):
-                    break
-                n.l3_stored = True
 
     def pending(self) -> int:
         """Candidates waiting (tests, stats)."""

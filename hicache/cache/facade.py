@@ -92,7 +92,7 @@ class HiCache:
         self._publisher = Publisher(self._tree, self._policy.retention)
         self._l3 = L3Tier(self.config.storage, layout, self._tree, pools.host, pools.plan.host_bytes,
                           pools.plan.page_bytes)
-        self._admission = L3Admission(self.config.admit, layout, pools, self._l3.store)
+        self._admission = L3Admission(self.config.admit, layout, pools, self._l3.store, self.config.storage.url)
         self._router = Router(self._residency, self._copies, self._publisher, self._l3)
         self._allocator = Allocator(self._residency, self._copies, self._router.apply)
         self._loader = Loader(self._residency, self._allocator, self._copies, self._router.apply,

@@ -86,7 +86,10 @@ def admission_summary(cache, s: dict, virtual_s: float) -> dict:
     keys = ("l3_admit_chains", "l3_admit_objects", "l3_admit_bytes", "l3_admit_skipped_existing",
             "l3_admit_failed_objects", "l3_admit_throttled", "l3_admit_dropped")
     out: dict = {k: s[k] for k in keys}
-    out["l3_admit"] = cache.config.admit.mode
+    from hicache.cache import admission_active
+
+    active = admission_active(cache.config.admit, cache.config.storage.url)
+    out["l3_admit"] = cache.config.admit.mode if active else "off"
     out["l3_admit_budget_gbps"] = cache.config.admit.gbps
     out["l3_admit_gbps"] = round(s["l3_admit_bytes"] / virtual_s / 1e9, 4) if virtual_s else 0.0
     out["l3_admit_engine_s"] = round(s["l3_admit_engine_us"] / 1e6, 3)

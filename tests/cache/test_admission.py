@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hicache.cache import HiCache
+from hicache.cache import HiCache, admission_active
 from hicache.config import AdmitConfig, cache_config_from_mapping
 from hicache.errors import ConfigError
 from tests.cache.conftest import P, Engine, make_cache, mha_layout, toks
@@ -149,7 +149,12 @@ def test_bad_admission_settings_name_the_field(key, value):
     assert key in str(exc.value)
 
 
-def test_admission_is_off_without_l3():
-    cache = make_cache(storage="none://", admit=ON)
-    assert isinstance(cache, HiCache) and not cache._admission.enabled
+@pytest.mark.parametrize("url, active", [("none://", False), ("memory://", False), ("memory://?capacity=1MiB", False),
+                                        ("memory://adm-shared", True)])
+def test_admission_only_for_stores_someone_else_reads(url, active):
+    """A private memory:// store is read only by its own cache (the host path serves it);
+    admission would only fill its capacity (the main job lost L3 hits that way)."""
+    cache = make_cache(storage=url, admit=ON)
+    assert isinstance(cache, HiCache) and cache._admission.enabled is active
+    assert admission_active(ON, url) is active
     cache.close()
