@@ -31,6 +31,7 @@ ADAPTIVE_CANDIDATES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-pr
 DEFAULT_CANDIDATES = ("lru", "value", "reuse", "reuse-prompt", "reuse-prompt-late")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 NO_L3 = "none://"   # the storage URL of a cache without L3
+L3_ADMIT_MODES = ("off", "published", "reused")
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,39 @@ class StorageConfig:
 
 
 @dataclass(frozen=True)
+class AdmitConfig:
+    """L3 admission: which chains go to L3 on their own, whatever the host tier does.
+
+    Without it L3 receives only what the host evicts (docs/storage.md), so at budgets where
+    the host never fills a second engine finds nothing. A *chain* is the history pages from
+    the root to a boundary plus the snapshot kept there: what another process needs to
+    resume (issue 26). ``mode``: ``published`` -- every kept snapshot at least
+    ``min_tokens`` deep becomes a candidate when it is published; ``reused`` -- only once a
+    request resumed from or through it; ``off`` -- none (L3 only behind host eviction, as
+    before). Candidates are written behind the step (shared prefixes first, then reused
+    ones, then shallow ones) at no more than ``gbps`` GB/s on average (a token bucket of
+    ``burst_bytes``; the caller's clock: a replay's virtual seconds), so admission never
+    competes with the fetches of L3 hits; objects the store already holds are not written
+    again. ``max_pending`` bounds the candidates waiting for the budget (the lowest ranked
+    are dropped, counted). Defaults: docs/policy.md, "L3 admission".
+    """
+
+    mode: str = "published"
+    min_tokens: int = 1024
+    gbps: float = 0.5
+    burst_bytes: int = 256 << 20
+    max_pending: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.mode not in L3_ADMIT_MODES:
+            raise ConfigError("l3_admit", self.mode, f"must be one of {list(L3_ADMIT_MODES)}")
+        check_int("l3_admit_min_tokens", self.min_tokens)
+        check_number("l3_admit_gbps", self.gbps, reason="must be a finite number of GB/s > 0")
+        check_int("l3_admit_burst_bytes", self.burst_bytes, minimum=1)
+        check_int("l3_admit_max_pending", self.max_pending, minimum=1)
+
+
+@dataclass(frozen=True)
 class HiCacheConfig:
     """Everything a :class:`hicache.HiCache` needs besides the layout.
 
@@ -150,6 +184,7 @@ class HiCacheConfig:
     tree: TreeConfig = field(default_factory=TreeConfig)
     write: WriteConfig = field(default_factory=WriteConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    admit: AdmitConfig = field(default_factory=AdmitConfig)
 
     def __post_init__(self) -> None:
         if self.pools.bytes_mode == "none" and self.storage.url != NO_L3:
@@ -187,12 +222,18 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "prefetch_policy": ("storage", "prefetch_policy", None),
     "prefetch_timeout_s": ("storage", "prefetch_timeout_s", None),
     "prefetch_threshold_tokens": ("storage", "prefetch_threshold_tokens", None),
+    "l3_admit": ("admit", "mode", None),
+    "l3_admit_min_tokens": ("admit", "min_tokens", None),
+    "l3_admit_gbps": ("admit", "gbps", None),
+    "l3_admit_burst_bytes": ("admit", "burst_bytes", _BYTES),
+    "l3_admit_max_pending": ("admit", "max_pending", None),
 }
 # Keys of earlier revisions, with what replaced them.
 _REPLACED = {k: "no longer a setting: the depth weight's ghost tuner was replaced by eviction: adaptive, which "
                 "chooses between whole policies online (adaptive_candidates, adaptive_window; docs/policy.md)"
              for k in ("depth_weights", "depth_window")}
-_LAYERS = {"pools": PoolConfig, "tree": TreeConfig, "write": WriteConfig, "storage": StorageConfig}
+_LAYERS = {"pools": PoolConfig, "tree": TreeConfig, "write": WriteConfig, "storage": StorageConfig,
+           "admit": AdmitConfig}
 
 
 def cache_config_from_mapping(section: Mapping | None, *, model: str = "",

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from hicache.units import check_int
+from hicache.cache.admission import L3Admission
 from hicache.cache.allocator import Allocator
 from hicache.cache.copies import Copies
 from hicache.cache.l3tier import L3Tier, Prefetch
@@ -91,6 +92,7 @@ class HiCache:
         self._publisher = Publisher(self._tree, self._policy.retention)
         self._l3 = L3Tier(self.config.storage, layout, self._tree, pools.host, pools.plan.host_bytes,
                           pools.plan.page_bytes)
+        self._admission = L3Admission(self.config.admit, layout, pools, self._l3.store, self.config.storage.url)
         self._router = Router(self._residency, self._copies, self._publisher, self._l3)
         self._allocator = Allocator(self._residency, self._copies, self._router.apply)
         self._loader = Loader(self._residency, self._allocator, self._copies, self._router.apply,
@@ -128,7 +130,7 @@ class HiCache:
     def counters(self) -> CacheStats:
         """Every counter (a copy, gathered from the parts that count them)."""
         return CacheStats.gather(self._opener.counters, self._residency.counters, self._publisher.counters,
-                                 self._l3.counters)
+                                 self._l3.counters, self._admission.counters)
 
     def page_hashes(self, tokens: object) -> list[bytes]:
         """The chained hash of every whole page of ``tokens`` (the L3 keys, the same in
@@ -198,6 +200,8 @@ class HiCache:
         self._allocator.backup_pages(nodes)
         if snap and r.snapshot is not None:
             self._allocator.backup_snapshots([(chain[-1], r.snapshot)])
+        if lease.resume_tokens and (r.snapshot is not None or not self.layout.has_state):
+            self._admission.reused(chain[-1], r.snapshot)
         self._router.route_removed()
         if start:
             self._copies.step()
@@ -273,9 +277,13 @@ class HiCache:
                 self._router.drop(offer.drop)
                 if offer.kept is not None and self._policy.backup_snapshot_on_publish(*offer.kept):
                     self._allocator.backup_snapshots([offer.kept])
+                if offer.kept is not None:
+                    self._admission.offer(*offer.kept, why.value)
             else:  # the boundary could not be published (a copy there is still loading)
                 self._residency.free(DEVICE, STATE, [sid])
                 self._publisher.unpublishable()
+        elif not self.layout.has_state and done.complete and num_pages > 0 and done.last.parent is not None:
+            self._admission.offer(done.last, None, why.value)   # no state: the pages are the chain
         if past:
             self._router.drop(self._publisher.past_resume(lease))
         self._router.route_removed()
@@ -331,18 +339,21 @@ class HiCache:
         """Launch every queued copy (one batched transfer per family and direction)."""
         self._copies.step()
 
-    def poll(self, *, wait: bool = False) -> int:
+    def poll(self, *, wait: bool = False, now: float | None = None) -> int:
         """Launch queued copies and apply finished ones to the tree; returns acks applied.
 
         ``wait``: first launch and wait for every device <-> host copy queued so far, the
         leases' loads included, and for every queued L3 put (not L3 fetches), so what is
         applied does not depend on the copy and put threads' timing -- a simulation that
-        polls at its step boundaries is then reproducible."""
+        polls at its step boundaries is then reproducible. ``now``: the caller's clock
+        (seconds; None: monotonic), which paces L3 admission (:mod:`.admission`)."""
         if wait:
             self._copies.wait_all()
         self._copies.step()
         n = self._router.apply_acks()
+        self._admission.run(now)
         self._router.after_puts(self._l3.settle() if wait else self._l3.poll())
+        self._admission.finish(self._l3.take_foreign())
         self._router.free_fetched_rows()
         self._router.route_removed()
         return n
@@ -352,6 +363,7 @@ class HiCache:
         self._copies.wait_all(timeout)
         self._router.apply_acks()
         self._router.after_puts(self._l3.drain(timeout))
+        self._admission.finish(self._l3.take_foreign())
         self._router.free_fetched_rows()
         self._router.apply_acks()
         self._router.route_removed()

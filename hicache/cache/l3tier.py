@@ -105,6 +105,7 @@ class L3Tier:
         self._puts: dict[PutTicket, _Put] = {}   # ticket -> what it reads
         self._unstored: dict[TreeNode, int] = {}  # host copies to put again -> retries spent
         self._unstored_snaps: dict[Snapshot, tuple[TreeNode, int]] = {}
+        self._foreign: list[PutTicket] = []      # finished puts of L3 admission (not ours)
         self.store: L3Store | None = None
         self.prefetcher: Prefetcher | None = None
         if cfg.url == NO_L3:
@@ -335,10 +336,20 @@ class L3Tier:
         """Finish the puts that completed, re-queue failed ones; returns what they read."""
         if self.store is None:
             return []
-        done = [self._finish_put(put, ticket) for ticket in self.store.poll_backups()
-                if (put := self._puts.pop(ticket, None)) is not None]
+        done = []
+        for ticket in self.store.poll_backups():
+            put = self._puts.pop(ticket, None)
+            if put is None:
+                self._foreign.append(ticket)
+            else:
+                done.append(self._finish_put(put, ticket))
         self._retry_puts()
         return done
+
+    def take_foreign(self) -> list[PutTicket]:
+        """Finished puts this tier did not queue (L3 admission's): the caller settles them."""
+        out, self._foreign = self._foreign, []
+        return out
 
     def settle(self) -> list[PutDone]:
         """Wait for every queued put, then :meth:`poll` (a step boundary of a reproducible

@@ -162,9 +162,24 @@ class L3Counters:
 
 
 @dataclass
-class CacheStats(LookupCounters, ResidencyCounters, PublishCounters, L3Counters):
+class AdmitCounters:
+    """Counted by :class:`~hicache.cache.admission.L3Admission`: chains written to L3 on
+    their own (not behind host eviction)."""
+
+    l3_admit_chains: int = 0             # chains queued (pages not yet in L3 + their snapshot)
+    l3_admit_objects: int = 0            # objects written (new in the store)
+    l3_admit_bytes: int = 0              # their bytes
+    l3_admit_skipped_existing: int = 0   # objects the store already held (not written again)
+    l3_admit_failed_objects: int = 0     # refused, failed or dropped puts
+    l3_admit_throttled: int = 0          # chains that waited for the bandwidth budget
+    l3_admit_dropped: int = 0            # chains given up: over max_pending, or the queue full
+    l3_admit_engine_us: int = 0          # engine-thread microseconds spent choosing and staging
+
+
+@dataclass
+class CacheStats(LookupCounters, ResidencyCounters, PublishCounters, L3Counters, AdmitCounters):
     """All counters of one cache, gathered from the parts that count them: the union of
-    the four parts' fields (disjoint by construction), declared once, in those classes.
+    the five parts' fields (disjoint by construction), declared once, in those classes.
 
     ``HiCache.counters`` builds one on each access (a copy: writing to it changes
     nothing); ``HiCache.stats()`` returns it as a dict with tier occupancy added.

@@ -24,13 +24,13 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from hicache.cli import bench_cmd, l3_cmd, layout_cmd, ref_cmd, replay_cmd, stress_cmd, sweep_cmd
+    from hicache.cli import bench_cmd, fleet_cmd, l3_cmd, layout_cmd, ref_cmd, replay_cmd, stress_cmd, sweep_cmd
 
     parser = OneLineParser(
         prog="hicache", description="Hierarchical KV cache for hybrid-attention serving engines.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (replay_cmd, sweep_cmd, ref_cmd, layout_cmd, stress_cmd, bench_cmd, l3_cmd):
+    for module in (replay_cmd, sweep_cmd, fleet_cmd, ref_cmd, layout_cmd, stress_cmd, bench_cmd, l3_cmd):
         module.add_parser(sub)
     return parser
 

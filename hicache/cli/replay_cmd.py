@@ -97,6 +97,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help="eviction adaptive: lookups over which the ghosts are compared (default: the config's)")
     p.add_argument("--prefetch-policy", choices=["best_effort", "wait_complete", "timeout"],
                    help="how long admission waits for an L3 prefetch (default: the config's)")
+    p.add_argument("--l3-admit", choices=["off", "published", "reused"],
+                   help="which chains go to L3 on their own, not behind host eviction: published ones, reused "
+                        "ones, or none (default: the config's; docs/storage.md)")
+    p.add_argument("--l3-admit-min-tokens", type=int, metavar="N", help="L3 admission: shortest chain admitted")
+    p.add_argument("--l3-admit-gbps", type=float, metavar="X", help="L3 admission: bandwidth budget, GB/s")
     p.add_argument("--write-policy", choices=["write_through", "write_through_selective", "write_back"],
                    help="when device pages are backed up to host (default: the config's)")
     p.add_argument("--eviction", choices=list(EVICTION_POLICIES),
@@ -173,6 +178,9 @@ def cache_overrides(args: argparse.Namespace) -> dict:
             out[flag] = v
     if args.state_share is not None:
         out["state_share"] = args.state_share
+    for flag in ("l3_admit", "l3_admit_min_tokens", "l3_admit_gbps"):
+        if getattr(args, flag, None) is not None:
+            out[flag] = getattr(args, flag)
     for flag in ("prefetch_policy", "write_policy", "host_tier", "eviction", "budget"):
         if getattr(args, flag):
             out[flag] = getattr(args, flag)

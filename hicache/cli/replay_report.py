@@ -82,6 +82,21 @@ def _served_measure(recs, requests) -> float:
     return round(sum(r.hit_tokens for r in half) / total, 4) if total else 0.0
 
 
+def admission_summary(cache, s: dict, virtual_s: float) -> dict:
+    """L3 admission's counters (issue 26) and its write rate against its budget."""
+    keys = ("l3_admit_chains", "l3_admit_objects", "l3_admit_bytes", "l3_admit_skipped_existing",
+            "l3_admit_failed_objects", "l3_admit_throttled", "l3_admit_dropped")
+    out: dict = {k: s[k] for k in keys}
+    from hicache.cache import admission_active
+
+    active = admission_active(cache.config.admit, cache.config.storage.url)
+    out["l3_admit"] = cache.config.admit.mode if active else "off"
+    out["l3_admit_budget_gbps"] = cache.config.admit.gbps
+    out["l3_admit_gbps"] = round(s["l3_admit_bytes"] / virtual_s / 1e9, 4) if virtual_s else 0.0
+    out["l3_admit_engine_s"] = round(s["l3_admit_engine_us"] / 1e6, 3)
+    return out
+
+
 def build_summary(cache, report, requests, layout, ecfg) -> dict:
     """One flat dict of the run (the ``--json`` object)."""
     s = cache.stats()
@@ -118,6 +133,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_put_objects": s["l3_put_objects"], "l3_put_dropped": s["l3_put_dropped"],
         "l3_prefetched_pages": s["l3_prefetched_pages"],
         "l3_get_bytes": int(l3c.get("get_bytes", 0)), "l3_put_bytes": int(l3c.get("put_bytes", 0)),
+        **admission_summary(cache, s, report.virtual_s),
         # evicted = dropped (no copy left below) + demoted (a host copy stays)
         "device_evicted_pages": s["device_evicted_pages"] + s["device_demoted_pages"],
         "device_dropped_pages": s["device_evicted_pages"], "device_demoted_pages": s["device_demoted_pages"],
@@ -227,6 +243,13 @@ def print_summary(summary: dict, *, title: str) -> None:
         ["L3 faults / rejected values", f"{s['l3_errors']:,} / {s['l3_rejected']:,}"],
         ["device / host budget", f"{format_bytes(s['device_bytes'])} / {format_bytes(s['host_bytes'])}"],
     ]
+    if s.get("l3_admit", "off") != "off":
+        rows.append(["L3 admission: chains / written / already held",
+                     f"{s['l3_admit_chains']:,} / {format_bytes(s['l3_admit_bytes'])} / "
+                     f"{s['l3_admit_skipped_existing']:,} objects"])
+        rows.append(["L3 admission: rate / budget, throttled / dropped",
+                     f"{s['l3_admit_gbps']:.3f} / {s['l3_admit_budget_gbps']:g} GB/s, "
+                     f"{s['l3_admit_throttled']:,} / {s['l3_admit_dropped']:,} chains"])
     if s.get("l3_planned_pages"):
         rows.append(["L3 pages planned / landed in time", f"{s['l3_planned_pages']:,} / {s['l3_landed_pages']:,} "
                                                           f"({s['prefetch_policy']})"])

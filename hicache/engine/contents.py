@@ -12,15 +12,20 @@ Three modes (:data:`VerifyMode`), one per engine run:
 
 * ``full``: every word of every layer is written and compared (GBs of torch traffic; a
   DeepSeek-V4-Flash page is ~1 MB, a snapshot ~4 MB). The proof for CI.
-* ``sample``: per page, per family, per layer, :data:`SAMPLE_WORDS` words are written and
-  compared: the first, the last, and the rest at offsets drawn from the page's seed (so
-  over many pages every part of a row is covered). All pages of a call are one indexed
-  torch op per family. A page in the wrong row, layer, family or prefix, a stale row, a
-  copy cut short at either end still fails; damage confined to unsampled words of one
-  page can pass. The rest of the row is left as it was.
-* ``off``: nothing is written or checked (pages verified: 0).
+* ``sample``: every word is written as in ``full``, and per page, per family, per layer,
+  :data:`SAMPLE_WORDS` words are compared: the first, the last, and the rest at offsets
+  drawn from the page's seed (so over many pages every part of a row is covered). A page
+  in the wrong row, layer, family or prefix, a stale row, a copy cut short at either end
+  still fails; damage confined to unsampled words of one page can pass.
+* ``off``: nothing is written or checked (pages verified: 0); rows hold whatever they held.
 
-The values are the same in all modes, so a ``sample`` check of a ``full`` page passes.
+Only the *check* depends on the mode, never the contents written (``full`` and ``sample``
+write the same bytes): engines sharing an L3 store must agree on what a page holds whatever
+their settings, so a store filled by a ``sample`` replay reads back clean in a ``full`` one
+(issue 26: writing only the sampled words left the rest of each row stale, and a ``full``
+reader of such a store counted thousands of mismatched pages whose objects all passed their
+checksum). A writer with ``off`` stores arbitrary bytes: a fleet that verifies must not
+mix ``off`` writers in.
 """
 
 from __future__ import annotations
@@ -144,15 +149,26 @@ def fill(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int],
     if mode == "off" or not len(ids):
         return
     for fam in _bases(tier, source):
-        if mode == "sample":
-            layer, rows, pos, value = _samples(fam, ids, seeds)
-            fam.view[layer, rows, pos] = value
+        if fam.wide:
+            _fill_words(fam, ids, seeds)
             continue
         for row, seed in zip(ids, seeds):
-            if fam.wide:
-                torch.add(fam.base, int(seed), out=fam.view[:, int(row)])
-            else:
-                fam.view[:, int(row)] = _bytes_of(fam.base, int(seed), fam.unit)
+            fam.view[:, int(row)] = _bytes_of(fam.base, int(seed), fam.unit)
+
+
+def _fill_words(fam: _Family, ids: Sequence[int], seeds: Sequence[int]) -> None:
+    """Word rows' contents, ``view[:, row] = base + seed`` written in place row by row --
+    the same call whatever the mode, so the mode cannot change what is written. On the
+    CPU through numpy: torch's CPU kernels on these strided rows ran up to 80x slower
+    than numpy's on a 2-core machine (its thread pool), and every published page passes
+    here."""
+    if fam.view.device.type == "cpu":
+        view, base = fam.view.numpy(), fam.base.numpy()
+        for row, seed in zip(ids, seeds):
+            np.add(base, np.int64(seed), out=view[:, int(row)])
+        return
+    for row, seed in zip(ids, seeds):
+        torch.add(fam.base, int(seed), out=fam.view[:, int(row)])
 
 
 def check(tier: TierPools, source: str, ids: Sequence[int], seeds: Sequence[int],

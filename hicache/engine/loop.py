@@ -213,8 +213,10 @@ class CacheExecutor:
     def step(self) -> None:
         self.cache.step()
 
-    def poll(self) -> None:
-        self.cache.poll(wait=self.settle)
+    def poll(self, now: float) -> None:
+        """The step's end: copies land (per ``copy_landing``); L3 admission is paced by the
+        virtual clock ``now``, so a replay's L3 writes repeat exactly."""
+        self.cache.poll(wait=self.settle, now=now)
 
     def drain(self) -> None:
         self.cache.drain()

@@ -68,19 +68,53 @@ class Scheduler:
         self.clock = cfg.clock
         self.P = executor.page_tokens
         self.progress = progress
+        # called as a turn ends (finished or rejected), with the request and the clock: a
+        # fleet driver routes the conversation's next turn then
+        self.on_turn_end: Callable[[object, float], None] | None = None
+        self._ended: list[object] = []
 
     # -- the loop -----------------------------------------------------------------------
     def run(self, requests: Sequence) -> EngineReport:
-        t0 = time.perf_counter()
-        self._reset(requests)
+        self.begin(requests)
         try:
-            while self.waiting or self.queue or self.retry or self.running or self.held:
-                self._arrive()
-                self._admit()
-                if self.running:
-                    self._step()
-                else:
-                    self._idle()
+            while self.busy_now():
+                self.advance()
+        finally:
+            self.end()
+        return self.report
+
+    # -- the loop in pieces, for a driver that interleaves engines (hicache.engine.fleet) --
+    def begin(self, requests: Sequence) -> None:
+        """Start a run of ``requests``; more may be added with :meth:`add` as it goes."""
+        self._t0 = time.perf_counter()
+        self._reset(requests)
+
+    def busy_now(self) -> bool:
+        """Work is left: requests waiting, queued, held or running."""
+        return bool(self.waiting or self.queue or self.retry or self.running or self.held)
+
+    def advance(self) -> None:
+        """One iteration: arrivals, admission, then a step (or a jump to the next event)."""
+        self._arrive()
+        self._admit()
+        if self.running:
+            self._step()
+        else:
+            self._idle()
+        ended, self._ended = self._ended, []
+        for req in ended:
+            assert self.on_turn_end is not None
+            self.on_turn_end(req, self.now)
+
+    def add(self, req) -> None:
+        """A request routed here while the run goes on (a conversation's next turn, sent
+        once its previous turn ended on another engine)."""
+        bisect.insort(self.waiting, req, key=lambda r: tuple(-x for x in _arrival_order(r)))
+        self.total += 1
+
+    def end(self) -> None:
+        """Drain the cache and fill in the report."""
+        try:
             self.ex.drain()
         finally:
             self.ex.close()
@@ -89,8 +123,7 @@ class Scheduler:
         rep.verified_pages = sum(r.verified_pages for r in rep.records)
         rep.mismatched_pages = sum(r.mismatched_pages for r in rep.records)
         rep.virtual_s = self.now
-        rep.wall_s = time.perf_counter() - t0
-        return rep
+        rep.wall_s = time.perf_counter() - self._t0
 
     def _reset(self, requests: Sequence) -> None:
         self.report = EngineReport()
@@ -107,6 +140,7 @@ class Scheduler:
         self.admissible_s: dict[int, float] = {}
         self.reserved = 0          # footprints of running requests
         self.finished, self.total = 0, len(requests)
+        self._ended = []           # turns ended in this iteration, for on_turn_end
 
     def _arrive(self) -> None:
         """Arrived requests join the queue (or wait for their conversation's previous
@@ -179,7 +213,7 @@ class Scheduler:
         self.report.rejected += 1
         self.admissible_s.pop(req.request_id, None)
         self.ex.forget(req)
-        self._next_turn(str(req.conversation_id), [])
+        self._next_turn(str(req.conversation_id), [], req)
 
     def _idle(self) -> None:
         """Nothing runs: jump to the next arrival or prefetch landing."""
@@ -197,7 +231,7 @@ class Scheduler:
         h2d0, d2h0 = self.charged
         self.ex.step()  # every load of this step as one batched copy
         work = self._batch()
-        self.ex.poll()
+        self.ex.poll(self.now)
         h2d1, d2h1 = self.charged = self.ex.moved()
         blocking = d2h1 - d2h0 if self.ex.blocking_d2h else 0
         start = self.now
@@ -278,12 +312,14 @@ class Scheduler:
         job.record.finished = True
         work.finished.append(job)
         self.finished += 1
-        self._next_turn(str(job.req.conversation_id), work.released)
+        self._next_turn(str(job.req.conversation_id), work.released, job.req)
         if self.progress is not None:
             self.progress(self.finished, self.total)
 
-    def _next_turn(self, conv: str, released: list) -> None:
+    def _next_turn(self, conv: str, released: list, req=None) -> None:
         """A conversation's turn ended: its next held turn may start."""
+        if self.on_turn_end is not None and req is not None:
+            self._ended.append(req)   # reported once the step's clock has advanced
         self.busy.discard(conv)
         if self.held.get(conv):
             req = self.held[conv].pop(0)

@@ -182,3 +182,16 @@ def test_bytes_none_names_the_configs_l3_and_the_tiny_model(capsys):
         main(["replay", "--bytes", "some"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exc.value.code == 2 and len(err) == 1 and "--bytes" in err[0], err
+
+
+def test_a_store_written_with_sampled_checks_reads_back_clean_in_full(capsys, tmp_path):
+    """Issue 26 part 4: engines sharing a store agree on what a page holds whatever their
+    --verify: a file:// store filled by a ``sample`` replay is read by a ``full`` one with
+    0 mismatched pages (sample used to write only the sampled words of each row)."""
+    url = f"file://{tmp_path}/l3"
+    flags = ["--storage", url, "--conversations", "6"]
+    rc, first = replay(capsys, *flags, "--verify", "sample")
+    assert rc == 0 and first["l3_put_objects"] > 0
+    rc, second = replay(capsys, *flags, "--verify", "full")
+    assert second["l3_hit_tokens"] > 0 and second["verified_pages"] > 0
+    assert rc == 0 and second["mismatched_pages"] == 0

@@ -155,9 +155,10 @@ def test_copy_landing_step_waits_for_every_copy_at_each_poll(landing, waits):
     seen = []
     poll = cache.poll
 
-    def spy(*, wait=False):
+    def spy(*, wait=False, now=None):
         seen.append(wait)
-        return poll(wait=wait)
+        assert now is not None   # the virtual clock paces L3 admission
+        return poll(wait=wait, now=now)
 
     cache.poll = spy   # type: ignore[method-assign]
     rep = run(cache, small_chat(n=6, seed=3), max_running=3, chunk_tokens=8, copy_landing=landing)
