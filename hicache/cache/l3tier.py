@@ -198,7 +198,8 @@ class L3Tier:
             return
         P = self._tree.page_tokens
         upto = (pf.base_pages + n) * P
-        unused, last, added = self._tree.insert_host(pf.tokens[:upto], pf.page_rows[:n], start_page=pf.base_pages)
+        unused, last, added = self._tree.insert_host(pf.tokens[:upto], pf.page_rows[:n], start_page=pf.base_pages,
+                                                     root=None if pf.pinned is None else self._tree.root_of(pf.pinned))
         used = set(pf.page_rows[:n].tolist()) - set(unused.tolist())
         pf.page_rows = np.asarray([r for r in pf.page_rows.tolist() if r not in used], np.int64)
         for node in added:
