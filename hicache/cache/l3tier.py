@@ -40,7 +40,7 @@ from hicache.cache.results import L3Counters
 from hicache.config import NO_L3, StorageConfig
 from hicache.layout import CacheLayout
 from hicache.pools import TierPools
-from hicache.storage import (L3Store, Prefetcher, PrefetchConfig, PrefetchPlan, PrefetchResult, PutTicket,
+from hicache.storage import (L3Config, L3Store, Prefetcher, PrefetchConfig, PrefetchPlan, PrefetchResult, PutTicket,
                              open_backend)
 from hicache.tree import RadixTree, Snapshot, TreeNode
 
@@ -109,7 +109,8 @@ class L3Tier:
         self.prefetcher: Prefetcher | None = None
         if cfg.url == NO_L3:
             return
-        self.store = L3Store(open_backend(cfg.url), layout.fingerprint, cfg.salt)
+        self.store = L3Store(open_backend(cfg.url), layout.fingerprint, cfg.salt,
+                             L3Config(auth_key=cfg.auth_key or None))
         pcfg = PrefetchConfig(policy=cfg.prefetch_policy, timeout_s=cfg.prefetch_timeout_s,
                               threshold_pages=max(1, -(-cfg.prefetch_threshold_tokens // layout.page_tokens)),
                               max_host_bytes=max(host_budget_bytes // 2, page_bytes))

@@ -40,7 +40,8 @@ from hicache.storage.buffers import Deferred, Value, value_views
 from hicache.storage.config import L3Config
 from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounter, fault_name
 from hicache.storage.iostats import IO_OPS, IoStats
-from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
+from hicache.storage.auth import ObjectKeys
+from hicache.storage.objects import ObjectCodec, ObjectKind, PageHash, Reject, as_kind
 
 if TYPE_CHECKING:  # imported on first use at run time
     from hicache.storage.backup import BackupQueue
@@ -49,7 +50,8 @@ if TYPE_CHECKING:  # imported on first use at run time
 # Rejections that mean the stored value is bad for this key (deleted and rewritten).
 # Another format version, or a checksum this process cannot compute, is left alone: the
 # value may be fine for the process that wrote it.
-REPAIRABLE = frozenset({Reject.TRUNCATED, Reject.CORRUPT, Reject.FOREIGN, Reject.WRONG_SIZE})
+REPAIRABLE = frozenset({Reject.TRUNCATED, Reject.CORRUPT, Reject.FOREIGN, Reject.WRONG_SIZE,
+                        Reject.UNAUTHENTICATED})
 
 
 @dataclass(frozen=True)
@@ -99,12 +101,16 @@ class L3Store:
 
     def __init__(self, backend: StorageBackend, fingerprint: str, salt: str = "",
                  cfg: L3Config = L3Config(), *, clock: Callable[[], float] = time.monotonic,
-                 breaker: Optional[CircuitBreaker] = None):
+                 breaker: Optional[CircuitBreaker] = None, keys: Optional[ObjectKeys] = None):
         """``breaker``: share one breaker between stores on the same backend (an engine
-        integration keeps one namespace per pool), so a dead server trips once for all."""
+        integration keeps one namespace per pool), so a dead server trips once for all.
+        ``keys``: the MAC keys, else read from ``cfg.auth_key`` when set (authenticated
+        objects, :mod:`hicache.storage.auth`)."""
         self.backend = backend
         self.cfg = cfg
-        self.codec = ObjectCodec(fingerprint, salt)
+        if keys is None and cfg.auth_key is not None:
+            keys = ObjectKeys.load(cfg.auth_key)
+        self.codec = ObjectCodec(fingerprint, salt, keys=keys)
         self.breaker = breaker or CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s,
                                                  cfg.breaker_max_cooldown_s, clock=clock)
         self.faults = FaultCounter()      # by type: timeout, connection, protocol, server
@@ -220,9 +226,10 @@ class L3Store:
             hs = hashes[start:start + batch]
             dv = views[start:start + batch]
             dn = sizes[start:start + batch]
-            staging = bytearray(HEADER_BYTES * len(hs))
+            hb = self.codec.header_bytes
+            staging = bytearray(hb * len(hs))
             sv = memoryview(staging)
-            heads = [sv[i * HEADER_BYTES:(i + 1) * HEADER_BYTES] for i in range(len(hs))]
+            heads = [sv[i * hb:(i + 1) * hb] for i in range(len(hs))]
             verdict: list[Any] = [None] * len(hs)
 
             def accept(i: int, length: int, head: memoryview) -> bool:
@@ -245,7 +252,7 @@ class L3Store:
                     v, _ = self.codec.check_header(heads[i], hs[i], kind, length, dn[i])
                     v = v or Reject.TRUNCATED
                 if not isinstance(v, Reject):
-                    v = self.codec.check_payload(dv[i], v) or v
+                    v = self.codec.check_payload(dv[i], v, heads[i]) or v
                 if isinstance(v, Reject):
                     stopped = v.value
                     self.rejected.add(v.value)
@@ -279,7 +286,7 @@ class L3Store:
         keys = [self.key(h, kind) for h in hashes]
         # Deferred headers: a streaming backend hashes each payload just before sending it.
         if getattr(self.backend, "accepts_deferred", False):
-            values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, v)), *v]
+            values = [[Deferred(self.codec.header_bytes, partial(self.codec.header, h, kind, v)), *v]
                       for h, v in zip(hashes, views)]
         else:  # a backend written to the plain contract gets bytes
             values = [[self.codec.header(h, kind, v), *v] for h, v in zip(hashes, views)]
