@@ -93,7 +93,7 @@ class StoreStats:
                                                          "refused": self.breaker_refused},
                 "backup_pending_objects": self.backup_pending_objects,
                 "backup_pending_bytes": self.backup_pending_bytes, "backend": self.backend,
-                "io": self.io}
+                "io": self.io, **({"last_fault": self.extra["last_fault"]} if "last_fault" in self.extra else {})}
 
 
 class L3Store:
@@ -125,6 +125,7 @@ class L3Store:
         self._bad_keys: set[str] = set()
         self.io = IoStats()               # get/put latency and bandwidth histograms
         self._io_pending = threading.local()  # backend seconds of this thread's get/put so far
+        self._last_fault = ""   # the newest fault's message, one line: what an operator reads first
 
     @property
     def namespace(self) -> str:
@@ -161,6 +162,7 @@ class L3Store:
                 result = fn()
             except StorageError as exc:
                 self._add_io_time(op, t0)
+                self._last_fault = f"{op}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"[:300]
                 self.faults.add(fault_name(exc))
                 self.faults.add(f"{op}.{fault_name(exc)}")
                 if isinstance(exc, TRANSPORT_FAULTS):
@@ -373,7 +375,7 @@ class L3Store:
         return StoreStats(self.namespace, counts, self.rejected.snapshot(), self.faults.snapshot(),
                           self.breaker.state, self.breaker.trips, self.breaker.refused,
                           bq.pending_objects if bq else 0, bq.pending_bytes if bq else 0, bstats,
-                          io=self.io.snapshot())
+                          extra={"last_fault": self._last_fault} if self._last_fault else {}, io=self.io.snapshot())
 
     def close(self, timeout: float = 5.0) -> None:
         """Finish queued backups (up to ``timeout``), drop the rest, close the backend."""
