@@ -40,7 +40,9 @@ def check_source(source: object, field: str = FIELD) -> str:
     """``env:NAME`` or ``file:/abs/path``, checked without reading it."""
     if not isinstance(source, str) or not (
             (source.startswith("env:") and len(source) > 4) or source.startswith("file:/")):
-        shown = source if isinstance(source, str) and len(source) <= 80 and ":" in source else "..."
+        # Show at most a short scheme-like prefix: the value may be a key pasted by mistake.
+        head = source.partition(":")[0] if isinstance(source, str) and ":" in source else ""
+        shown = f"{head}:..." if head.isalnum() and len(head) <= 8 else "..."
         raise ConfigError(field, shown, "must name where the key is: env:VARIABLE or file:/absolute/path "
                           "(never the key itself)")
     return source

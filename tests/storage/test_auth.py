@@ -45,8 +45,10 @@ def test_keys_come_from_env_or_file_and_are_never_shown(tmp_path, monkeypatch):
     assert "abc" not in str(exc.value).replace("SHORT", "")
     cfg = StorageConfig(auth_key="env:L3KEYS")
     assert "env:L3KEYS" in repr(cfg) and NEW not in repr(cfg)
-    with pytest.raises(ConfigError, match="storage_auth_key"):
-        StorageConfig(auth_key=NEW)
+    for pasted in (NEW, "k:" + NEW, NEW[:10] + ":" + NEW):
+        with pytest.raises(ConfigError, match="storage_auth_key") as exc:
+            StorageConfig(auth_key=pasted)
+        assert NEW[:10] not in str(exc.value)
     with pytest.raises(TypeError):
         import pickle
         pickle.dumps(keys)
@@ -99,3 +101,12 @@ def test_a_payload_swapped_under_a_copied_header_fails_the_mac():
     assert (res.hits, res.stopped) == (1, "unauthenticated")
     assert np.array_equal(dst[0], src[0])
     assert store(backend).get(hs[:1], "page", list(dst[:1])).stopped == "version"   # no key: left alone
+
+
+def test_the_yaml_setting_names_a_source_never_a_key():
+    from hicache.config import cache_config_from_mapping
+
+    assert cache_config_from_mapping({"storage_auth_key": "env:X"}).storage.auth_key == "env:X"
+    with pytest.raises(ConfigError, match="storage_auth_key='...'") as exc:
+        cache_config_from_mapping({"storage_auth_key": NEW})
+    assert NEW not in str(exc.value)
