@@ -20,7 +20,7 @@ from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, layout_from_mapping, load_hf_config, read_config_file
 from hicache.pools import PoolConfig
-from hicache.storage import mask_url
+from hicache.storage import check_key_source, mask_url
 from hicache.units import parse_bytes
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
@@ -117,8 +117,11 @@ class StorageConfig:
     prefetch_policy: str = "best_effort"
     prefetch_timeout_s: float = 0.5
     prefetch_threshold_tokens: int = 256
+    auth_key: str = ""   # where the L3 MAC keys are (env:NAME, file:/path); "": off (storage/auth.py)
 
     def __post_init__(self) -> None:
+        if self.auth_key != "":
+            check_key_source(self.auth_key, "storage_auth_key")
         if not isinstance(self.url, str) or "://" not in self.url:
             raise ConfigError("storage_url", mask_url(self.url) if isinstance(self.url, str) else self.url,
                               "must be a URL like memory://, file:///dir or redis://host:port/0")
@@ -135,7 +138,7 @@ class StorageConfig:
     def __repr__(self) -> str:
         return (f"StorageConfig(url={mask_url(self.url)!r}, salt={self.salt!r}, "
                 f"prefetch_policy={self.prefetch_policy!r}, prefetch_timeout_s={self.prefetch_timeout_s!r}, "
-                f"prefetch_threshold_tokens={self.prefetch_threshold_tokens!r})")
+                f"prefetch_threshold_tokens={self.prefetch_threshold_tokens!r}, auth_key={self.auth_key!r})")
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "host_tier": ("write", "host_tier", None),
     "storage_url": ("storage", "url", None),
     "storage_salt": ("storage", "salt", None),
+    "storage_auth_key": ("storage", "auth_key", None),
     "prefetch_policy": ("storage", "prefetch_policy", None),
     "prefetch_timeout_s": ("storage", "prefetch_timeout_s", None),
     "prefetch_threshold_tokens": ("storage", "prefetch_threshold_tokens", None),

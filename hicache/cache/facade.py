@@ -64,7 +64,7 @@ from hicache.errors import MisuseError
 from hicache.layout import CacheLayout
 from hicache.pools import AllocResult, Source, Tier, TieredPools, build_pools
 from hicache.transfer import FaultInjector, TransferConfig
-from hicache.tree import ROOT_HASH, Boundary, RadixTree, chain_hashes
+from hicache.tree import Boundary, PathMatch, RadixTree, chain_hashes, tenant_root_hash
 
 DEVICE, HOST, PAGE, STATE = Tier.DEVICE, Tier.HOST, Source.PAGE, Source.STATE
 
@@ -132,41 +132,53 @@ class HiCache:
         return CacheStats.gather(self._opener.counters, self._residency.counters, self._publisher.counters,
                                  self._l3.counters, self._admission.counters)
 
-    def page_hashes(self, tokens: object) -> list[bytes]:
+    def page_hashes(self, tokens: object, *, salt: str | bytes | None = None) -> list[bytes]:
         """The chained hash of every whole page of ``tokens`` (the L3 keys, the same in
-        every process): ``h_i = SHA-256(seed | h_{i-1} | page i as int32 LE)``."""
-        return chain_hashes(self._tree.hash_seed, ROOT_HASH, as_tokens(tokens), self.page_tokens)
+        every process): ``h_i = SHA-256(seed | h_{i-1} | page i as int32 LE)``, from
+        ``h_{-1}`` = the salt's root hash (zeros without one)."""
+        return chain_hashes(self._tree.hash_seed, tenant_root_hash(self._tree.hash_seed, salt), as_tokens(tokens),
+                            self.page_tokens)
 
     # -- lookup -------------------------------------------------------------------------------
     def _max_pages(self, tokens: np.ndarray) -> int:
         return max(len(tokens) - 1, 0) // self.page_tokens
 
-    def match(self, tokens: object) -> MatchResult:
-        """Find the usable prefix of ``tokens`` across the device and host tiers."""
+    def match(self, tokens: object, *, salt: str | bytes | None = None) -> MatchResult:
+        """Find the usable prefix of ``tokens`` across the device and host tiers.
+
+        ``salt`` (a tenant; vLLM's ``cache_salt``): requests with different salts share no
+        page or snapshot on any tier, L3 included -- the salt is mixed into the root of
+        every page hash chain (:mod:`hicache.tree.tenants`). Without one (or ``""``),
+        requests share as they always did. The salt travels with the match into
+        :meth:`load` and with the lease into :meth:`publish`."""
         toks = as_tokens(tokens)
         max_pages = self._max_pages(toks)
-        path = self._tree.walk(toks, max_pages)
+        root_hash = tenant_root_hash(self._tree.hash_seed, salt)
+        root = self._tree.tenant_root(root_hash, create=False)
+        path = PathMatch(()) if root is None else self._tree.walk(toks, max_pages, root)
         r = self._tree.resume_point(path)
         hist = path.num_pages
         P = self.page_tokens
-        l3 = chain_hashes(self._tree.hash_seed, path.last_hash, toks[hist * P: max_pages * P], P) \
-            if self._l3.enabled else []
+        l3 = chain_hashes(self._tree.hash_seed, path.last_hash if path.segments else root_hash,
+                          toks[hist * P: max_pages * P], P) if self._l3.enabled else []
         tier = None
         if r.snapshot is not None:
             tier = DEVICE if r.snapshot.device_id is not None else HOST
         return MatchResult(tokens=toks, page_tokens=P, resume_tokens=r.pages * P,
                            device_tokens=r.device_pages * P, host_tokens=(r.pages - r.device_pages) * P,
-                           snapshot_tier=tier, history_tokens=hist * P, l3_hashes=tuple(l3))
+                           snapshot_tier=tier, history_tokens=hist * P, l3_hashes=tuple(l3), root_hash=root_hash)
 
-    def expect(self, tokens: object) -> int:
+    def expect(self, tokens: object, *, salt: str | bytes | None = None) -> int:
         """The engine will admit a request for ``tokens`` soon (it waits in the queue): its
         usable prefix counts as used now, so eviction keeps it. Call it for the head of the
         waiting queue at each step, the next to be admitted last; nothing is locked, loaded
-        or counted as a hit. Returns the tokens it would resume with now."""
+        or counted as a hit. Returns the tokens it would resume with now. ``salt``: the
+        request's tenant, as in :meth:`match`."""
         self._check_open()
         toks = as_tokens(tokens)
-        self._policy.observe_expect(toks, self._max_pages(toks))
-        return self._opener.expect(toks, self._max_pages(toks))
+        root_hash = tenant_root_hash(self._tree.hash_seed, salt)
+        self._policy.observe_expect(toks, self._max_pages(toks), root_hash)
+        return self._opener.expect(toks, self._max_pages(toks), root_hash)
 
     # -- load ---------------------------------------------------------------------------------
     def load(self, match: MatchResult, *, start: bool = True) -> Lease:
@@ -186,8 +198,8 @@ class HiCache:
         if not isinstance(match, MatchResult):
             raise MisuseError(f"load() takes the MatchResult of match(), got {type(match).__name__}")
         toks = match.tokens
-        lease, r, node, loads = self._opener.open(toks, self._max_pages(toks))
-        if self._policy.observe_lookup(lease.lease_id, toks, self._max_pages(toks)):
+        lease, r, node, loads = self._opener.open(toks, self._max_pages(toks), match.root_hash)
+        if self._policy.observe_lookup(lease.lease_id, toks, self._max_pages(toks), match.root_hash):
             self._tree.reorder()   # the policy follows another order: rebuilt once, on first use
         self._loader.submit(loads)
         chain = list(node.iter_ancestors())[::-1]
@@ -287,7 +299,7 @@ class HiCache:
         if past:
             self._router.drop(self._publisher.past_resume(lease))
         self._router.route_removed()
-        self._policy.observe_publish(lease.lease_id, toks, num_pages, why.value, offered)
+        self._policy.observe_publish(lease.lease_id, toks, num_pages, why.value, offered, lease.root_hash)
         return PublishResult(published_pages=lease.published_pages,
                              duplicates_freed=int(done.duplicates.size), snapshot=outcome)
 

@@ -40,7 +40,7 @@ from hicache.cache.results import L3Counters
 from hicache.config import NO_L3, StorageConfig
 from hicache.layout import CacheLayout
 from hicache.pools import TierPools
-from hicache.storage import (L3Store, Prefetcher, PrefetchConfig, PrefetchPlan, PrefetchResult, PutTicket,
+from hicache.storage import (L3Config, L3Store, Prefetcher, PrefetchConfig, PrefetchPlan, PrefetchResult, PutTicket,
                              open_backend)
 from hicache.tree import RadixTree, Snapshot, TreeNode
 
@@ -110,7 +110,8 @@ class L3Tier:
         self.prefetcher: Prefetcher | None = None
         if cfg.url == NO_L3:
             return
-        self.store = L3Store(open_backend(cfg.url), layout.fingerprint, cfg.salt)
+        self.store = L3Store(open_backend(cfg.url), layout.fingerprint, cfg.salt,
+                             L3Config(auth_key=cfg.auth_key or None))
         pcfg = PrefetchConfig(policy=cfg.prefetch_policy, timeout_s=cfg.prefetch_timeout_s,
                               threshold_pages=max(1, -(-cfg.prefetch_threshold_tokens // layout.page_tokens)),
                               max_host_bytes=max(host_budget_bytes // 2, page_bytes))
@@ -199,7 +200,8 @@ class L3Tier:
             return
         P = self._tree.page_tokens
         upto = (pf.base_pages + n) * P
-        unused, last, added = self._tree.insert_host(pf.tokens[:upto], pf.page_rows[:n], start_page=pf.base_pages)
+        unused, last, added = self._tree.insert_host(pf.tokens[:upto], pf.page_rows[:n], start_page=pf.base_pages,
+                                                     root=None if pf.pinned is None else self._tree.root_of(pf.pinned))
         used = set(pf.page_rows[:n].tolist()) - set(unused.tolist())
         pf.page_rows = np.asarray([r for r in pf.page_rows.tolist() if r not in used], np.int64)
         for node in added:

@@ -21,7 +21,7 @@ import numpy as np
 
 from hicache.errors import MisuseError
 from hicache.units import check_int
-from hicache.tree import LoadTicket, Snapshot, TreeNode
+from hicache.tree import ROOT_HASH, LoadTicket, Snapshot, TreeNode
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,7 @@ class Lease:
     published_pages: int = 0
     prompt_pages: int = 0   # whole pages of the prompt it was opened for: what a finish publishes past them is a decode's
     released: bool = False
+    root_hash: bytes = ROOT_HASH   # its tenant's root (hicache.tree.tenants); ROOT_HASH: shared
     _locked_node: TreeNode | None = None
     _resume_snapshot: Snapshot | None = None
     _newest_snapshot: Snapshot | None = None

@@ -35,7 +35,7 @@ from hicache.cache.publisher import Publisher
 from hicache.cache.results import LookupCounters
 from hicache.cache.routing import Router
 from hicache.cache.tags import Load
-from hicache.tree import PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode
+from hicache.tree import ROOT_HASH, PathMatch, RadixTree, ResumePoint, Snapshot, TreeNode
 
 
 class LeaseOpener:
@@ -52,10 +52,13 @@ class LeaseOpener:
         self._ids = itertools.count(1)
         self.counters = LookupCounters()
 
-    def open(self, toks: np.ndarray, max_pages: int) -> tuple[Lease, ResumePoint, TreeNode, list[Load]]:
-        """A lease on the deepest resume point of ``toks`` that can be held, with its loads."""
-        r, node, loads = self._lock_resume_point(toks, max_pages)
+    def open(self, toks: np.ndarray, max_pages: int, root_hash: bytes = ROOT_HASH
+             ) -> tuple[Lease, ResumePoint, TreeNode, list[Load]]:
+        """A lease on the deepest resume point of ``toks`` that can be held, with its loads;
+        ``root_hash``: the tenant's (:mod:`hicache.tree.tenants`), whose tree it opens in."""
+        r, node, loads = self._lock_resume_point(toks, max_pages, root_hash)
         lease = self._lease(toks, r, node)
+        lease.root_hash = root_hash
         loaded, from_l3 = loaded_pages(loads)
         P = lease.page_tokens
         lease.loaded_tokens, lease.l3_tokens = loaded * P, from_l3 * P
@@ -63,11 +66,14 @@ class LeaseOpener:
                             loaded=bool(loads))
         return lease, r, node, loads
 
-    def expect(self, toks: np.ndarray, max_pages: int) -> int:
+    def expect(self, toks: np.ndarray, max_pages: int, root_hash: bytes = ROOT_HASH) -> int:
         """A queued request's resume path (and its snapshot, and the snapshots on the way
         the policy keeps warm) counts as used now, at a new tick (module docstring). Returns
         the tokens the request would resume with now (0: nothing touched, no tick)."""
-        path = self._tree.walk(toks, max_pages)
+        root = self._tree.tenant_root(root_hash, create=False)
+        if root is None:
+            return 0   # a tenant with nothing cached
+        path = self._tree.walk(toks, max_pages, root)
         r = self._tree.resume_point(path)
         if r.pages == 0:
             return 0
@@ -93,8 +99,9 @@ class LeaseOpener:
             passed.last_access = now
         return chain
 
-    def _lock_resume_point(self, toks: np.ndarray, max_pages: int) -> tuple[ResumePoint, TreeNode, list[Load]]:
-        path = self._tree.walk(toks, max_pages)
+    def _lock_resume_point(self, toks: np.ndarray, max_pages: int, root_hash: bytes
+                           ) -> tuple[ResumePoint, TreeNode, list[Load]]:
+        path = self._tree.walk(toks, max_pages, self._tree.tenant_root(root_hash, create=True))
         r = self._tree.resume_point(path)
         node = self._tree.node_at(path, r.pages)
         self._pin(node, r.snapshot)  # before making room: eviction must not take them
@@ -103,7 +110,8 @@ class LeaseOpener:
             return r, node, loads
         self._unpin(node, r.snapshot)
         self.counters.load_fallbacks += 1
-        path = self._tree.walk(toks, max_pages)  # a split may have changed it
+        # a split may have changed the path (and the unpin dropped a tenant root left empty)
+        path = self._tree.walk(toks, max_pages, self._tree.tenant_root(root_hash, create=True))
         r = self._tree.resume_point(path, device_only=True)
         node = self._tree.node_at(path, r.pages)
         self._pin(node, r.snapshot)

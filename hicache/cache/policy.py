@@ -28,7 +28,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from hicache.config import HiCacheConfig, TreeConfig
-from hicache.tree import (EvictionStrategy, PolicySelector, Ranked, RetentionPolicy, Snapshot, TreeNode,
+from hicache.tree import (ROOT_HASH, EvictionStrategy, PolicySelector, Ranked, RetentionPolicy, Snapshot, TreeNode,
                           get_strategy, page_keys)
 
 
@@ -69,17 +69,19 @@ class PlacementPolicy(Protocol):
         """write_back: back up this device snapshot victim (else drop it)?"""
         ...
 
-    def observe_lookup(self, request: int, tokens: np.ndarray, pages: int) -> bool:
-        """A lease (``request``) opened for the first ``pages`` whole pages of ``tokens``;
-        True when the victim order changed (the caller rebuilds it)."""
+    def observe_lookup(self, request: int, tokens: np.ndarray, pages: int, root: bytes = ROOT_HASH) -> bool:
+        """A lease (``request``) opened for the first ``pages`` whole pages of ``tokens``
+        under the tenant root ``root``; True when the victim order changed (the caller
+        rebuilds it)."""
         ...
 
-    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, why: str, snapshot: bool) -> None:
+    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, why: str, snapshot: bool,
+                        root: bytes = ROOT_HASH) -> None:
         """The lease published its first ``pages`` pages of ``tokens`` at a boundary of kind
         ``why`` (a ``Boundary`` value) and, with ``snapshot``, a snapshot at their end."""
         ...
 
-    def observe_expect(self, tokens: np.ndarray, pages: int) -> None:
+    def observe_expect(self, tokens: np.ndarray, pages: int, root: bytes = ROOT_HASH) -> None:
         """A queued request's resume path was kept warm (:meth:`HiCache.expect`)."""
         ...
 
@@ -174,18 +176,19 @@ class ConfiguredPolicy:
         return not _first_class(self.strategy, node, snap)
 
     # -- the ghosts' events ------------------------------------------------------------------
-    def observe_lookup(self, request: int, tokens: np.ndarray, pages: int) -> bool:
+    def observe_lookup(self, request: int, tokens: np.ndarray, pages: int, root: bytes = ROOT_HASH) -> bool:
         if self._selector is None:
             return False
-        return self._selector.lookup(request, self._keys.of(tokens, pages), len(tokens) // self._page_tokens)
+        return self._selector.lookup(request, self._keys.of(tokens, pages, root), len(tokens) // self._page_tokens)
 
-    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, why: str, snapshot: bool) -> None:
+    def observe_publish(self, request: int, tokens: np.ndarray, pages: int, why: str, snapshot: bool,
+                        root: bytes = ROOT_HASH) -> None:
         if self._selector is not None:
-            self._selector.publish(request, self._keys.of(tokens, pages), why, snapshot)
+            self._selector.publish(request, self._keys.of(tokens, pages, root), why, snapshot)
 
-    def observe_expect(self, tokens: np.ndarray, pages: int) -> None:
+    def observe_expect(self, tokens: np.ndarray, pages: int, root: bytes = ROOT_HASH) -> None:
         if self._selector is not None:
-            self._selector.expect(self._keys.of(tokens, pages))
+            self._selector.expect(self._keys.of(tokens, pages, root))
 
     def observe_release(self, request: int) -> None:
         if self._selector is not None:
@@ -226,14 +229,15 @@ class _PageKeys:
 
     def __init__(self, page_tokens: int):
         self._P = page_tokens
-        self._seen: dict[int, tuple[np.ndarray, list[int]]] = {}
+        self._seen: dict[tuple[int, int], tuple[np.ndarray, list[int]]] = {}
 
-    def of(self, tokens: np.ndarray, pages: int) -> list[int]:
-        hit = self._seen.get(id(tokens))
+    def of(self, tokens: np.ndarray, pages: int, root: bytes = ROOT_HASH) -> list[int]:
+        first = int.from_bytes(root[:8], "little")   # 0 for the shared root: the keys of old
+        hit = self._seen.get((id(tokens), first))
         if hit is not None and hit[0] is tokens and len(hit[1]) >= pages:
             return hit[1][:pages]
-        keys = page_keys(tokens, self._P, max(pages, len(tokens) // self._P))
+        keys = page_keys(tokens, self._P, max(pages, len(tokens) // self._P), first)
         if len(self._seen) >= self._KEEP:
             self._seen.pop(next(iter(self._seen)))
-        self._seen[id(tokens)] = (tokens, keys)
+        self._seen[(id(tokens), first)] = (tokens, keys)
         return keys[:pages]

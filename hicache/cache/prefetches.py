@@ -39,10 +39,14 @@ class Prefetches:
         if not self._l3.enabled or not match.l3_hashes or self._residency.pools.host.host_layout != "page_first":
             return None  # fetches land straight in host objects; layer_first has none
         base = match.history_tokens // match.page_tokens
-        path = self._tree.walk(match.tokens, base)
-        if path.num_pages < base:
-            return None  # the tree changed since the match: match again
-        return self._l3.start(match.tokens, match.l3_hashes, base, self._tree.node_at(path, base))
+        root = self._tree.tenant_root(match.root_hash, create=True)   # the request's tenant
+        assert root is not None
+        path = self._tree.walk(match.tokens, base, root)
+        pf = None
+        if path.num_pages == base:   # else the tree changed since the match: match again
+            pf = self._l3.start(match.tokens, match.l3_hashes, base, self._tree.node_at(path, base))
+        self._tree.prune_root(root)   # a tenant root no prefetch pins and nothing hangs below
+        return pf
 
     def finish(self, pf: Prefetch, landed_pages: int | None) -> int:
         """Fetch what the plan offers into host rows and insert it; returns tokens added."""

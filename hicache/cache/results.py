@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hicache.pools import Tier
+from hicache.tree import ROOT_HASH
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -43,6 +44,7 @@ class MatchResult:
     snapshot_tier: Tier | None
     history_tokens: int
     l3_hashes: tuple[bytes, ...]
+    root_hash: bytes = ROOT_HASH   # the tenant's root (the salt's); load() opens the lease there
 
     @property
     def hit_tokens(self) -> int:

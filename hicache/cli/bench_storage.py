@@ -29,6 +29,7 @@ import argparse
 import hashlib
 import os
 import shutil
+import secrets
 import statistics
 import subprocess
 import sys
@@ -42,7 +43,7 @@ import psutil
 from hicache.cli.common import at_least, positive_number, print_json
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
-from hicache.storage import L3Config, L3Store, open_backend
+from hicache.storage import L3Config, L3Store, ObjectKeys, open_backend
 from hicache.storage import mask_url
 
 GB = 1e9
@@ -55,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--objects", type=int, default=128, metavar="N",
                    help="objects moved per measurement (default 128)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians are reported (default 3)")
+    p.add_argument("--mac", action="store_true",
+                   help="also time authenticated objects (HMAC-SHA256 under a random key, storage_auth_key) "
+                        "in the same rounds, beside the plain ones")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -98,26 +102,29 @@ def run(args: argparse.Namespace) -> int:
     limit = _limit_runner(scheme, args.url, backend, obj, n * reps, src, dst)
     is_redis = scheme.startswith("redis") or scheme == "unix"
     redis_py = _RedisPyBaseline.make(store, hashes, dst) if is_redis else None
-    rows: dict[str, list[float]] = {k: [] for k in ("put", "get", "limit_put", "limit_get", "redis_py_get",
-                                                    "lookup_us", "redis_py_lookup_us")}
+    rows: dict[str, list[float]] = {k: [] for k in ("put", "get", "mac_put", "mac_get", "limit_put", "limit_get",
+                                                    "redis_py_get", "lookup_us", "redis_py_lookup_us")}
+    # Authenticated objects under a key made here (never shown), keys of their own.
+    mstore = L3Store(backend, "bench0storage000", salt + "m", store.cfg,
+                     keys=ObjectKeys([secrets.token_hex(32).encode()], "bench")) if args.mac else None
+    mhashes = [hashlib.sha256(f"{salt}:mac:{i}".encode()).digest() for i in range(n)]
     verified = True
     try:
         # Warm up with one full untimed round: the first writes of a key make the server (or
         # page cache) allocate and fault in memory, a cost redis-benchmark -- which overwrites
         # one key -- never pays inside its own timing either.
-        _check_stored(store.put(hashes, "page", list(src)), store, args.url)
-        store.get(hashes, "page", list(dst))
+        for s, hs in ((store, hashes), (mstore, mhashes)):
+            if s is not None:
+                _check_stored(s.put(hs, "page", list(src)), s, args.url)
+                s.get(hs, "page", list(dst))
         if limit is not None:
             limit.measure()
         for r in range(args.rounds):
             _progress(f"round {r + 1}/{args.rounds}: ours")
-            t, stored = _timed(lambda: [store.put(hashes, "page", list(src)) for _ in range(reps)][-1])
-            _check_stored(stored, store, args.url)
-            rows["put"].append(reps * n * obj / t / GB)
-            dst[:] = 0
-            t, res = _timed(lambda: [store.get(hashes, "page", list(dst)) for _ in range(reps)][-1])
-            rows["get"].append(reps * n * obj / t / GB)
-            ok = res.hits == n and bool(np.array_equal(dst, src))
+            ok = _time_store(store, hashes, src, dst, reps, rows, "", args.url)
+            if mstore is not None:
+                _progress(f"round {r + 1}/{args.rounds}: ours with MAC")
+                ok = _time_store(mstore, mhashes, src, dst, reps, rows, "mac_", args.url) and ok
             verified = ok if r == args.rounds - 1 else verified
             if limit is not None:
                 _progress(f"round {r + 1}/{args.rounds}: limit ({limit.name})")
@@ -130,9 +137,12 @@ def run(args: argparse.Namespace) -> int:
                 ours_us, theirs_us = redis_py.lookup_us()
                 rows["lookup_us"].append(ours_us)
                 rows["redis_py_lookup_us"].append(theirs_us)
-        st = store.stats(backend=False)
-        verified = verified and not st.rejected and not st.faults
+        for s in (store, mstore):
+            st = s.stats(backend=False) if s is not None else None
+            verified = verified and (st is None or (not st.rejected and not st.faults))
     finally:
+        if mstore is not None:
+            mstore.delete(mhashes, "page")
         store.delete(hashes, "page")
         if limit is not None:
             limit.cleanup()
@@ -141,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
     out = {
         "url": mask_url(args.url), "object_bytes": obj, "objects": n, "rounds": args.rounds,
         "put_gbps": med["put"], "get_gbps": med["get"],
+        "mac_put_gbps": med["mac_put"], "mac_get_gbps": med["mac_get"],
+        "mac_put_ratio": _ratio(med["mac_put"], med["put"]), "mac_get_ratio": _ratio(med["mac_get"], med["get"]),
         "limit_put_gbps": med["limit_put"], "limit_get_gbps": med["limit_get"],
         "redis_py_get_gbps": med["redis_py_get"],
         "lookup_us": med["lookup_us"], "redis_py_lookup_us": med["redis_py_lookup_us"],
@@ -157,8 +169,11 @@ def run(args: argparse.Namespace) -> int:
     def fmt(v: Optional[float]) -> Optional[float]:
         return None if v is None else round(v, 3)
 
-    table = [["ours (L3Store)", fmt(out["put_gbps"]), fmt(out["get_gbps"])],
-             [f"limit: {out['limit_source']}", fmt(out["limit_put_gbps"]), fmt(out["limit_get_gbps"])]]
+    table = [["ours (L3Store)", fmt(out["put_gbps"]), fmt(out["get_gbps"])]]
+    if mstore is not None:
+        table += [["ours + MAC (HMAC-SHA256)", fmt(out["mac_put_gbps"]), fmt(out["mac_get_gbps"])],
+                  ["ratio MAC / plain", fmt(out["mac_put_ratio"]), fmt(out["mac_get_ratio"])]]
+    table.append([f"limit: {out['limit_source']}", fmt(out["limit_put_gbps"]), fmt(out["limit_get_gbps"])])
     if redis_py is not None:
         table.append(["redis-py pipelines", None, fmt(out["redis_py_get_gbps"])])
     table.append(["ratio ours / limit", fmt(out["put_ratio"]), fmt(out["get_ratio"])])
@@ -169,6 +184,20 @@ def run(args: argparse.Namespace) -> int:
               f"redis-py pipeline {out['redis_py_lookup_us']:.0f} us (median)")
     print(f"\nverified: {'yes' if verified else 'NO'} (bytes read back identical, nothing rejected)")
     return 0 if verified else 1
+
+
+def _time_store(store: L3Store, hashes: list, src: np.ndarray, dst: np.ndarray, reps: int,
+                rows: dict[str, list[float]], prefix: str, url: str) -> bool:
+    """One timed put and get of the whole batch (``reps`` times); True when every object
+    read back identical."""
+    n, obj = src.shape
+    t, stored = _timed(lambda: [store.put(hashes, "page", list(src)) for _ in range(reps)][-1])
+    _check_stored(stored, store, url)
+    rows[prefix + "put"].append(reps * n * obj / t / GB)
+    dst[:] = 0
+    t, res = _timed(lambda: [store.get(hashes, "page", list(dst)) for _ in range(reps)][-1])
+    rows[prefix + "get"].append(reps * n * obj / t / GB)
+    return res.hits == n and bool(np.array_equal(dst, src))
 
 
 def _ratio(ours: float | None, limit: float | None) -> float | None:

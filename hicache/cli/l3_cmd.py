@@ -1,7 +1,7 @@
 """``hicache l3 stats|scan|purge``: what an L3 store holds, whether it reads back, and removal.
 
     hicache l3 stats --url URL [--namespace N] [--json]
-    hicache l3 scan  --url URL [--namespace N] [--sample K] [--seed S] [--json]
+    hicache l3 scan  --url URL [--namespace N] [--sample K] [--seed S] [--auth-key SRC] [--json]
     hicache l3 purge --url URL --namespace N [--yes] [--json]
 
 They work from the keys alone (``SCAN`` on Redis, on every primary of a cluster; a
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
-from hicache.storage import mask_url, open_backend
+from hicache.storage import ObjectKeys, mask_url, open_backend
 from hicache.storage import check_namespace, purge, survey, verify
 from hicache.units import format_bytes
 
@@ -42,6 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         if name == "scan":
             op.add_argument("--sample", type=int, default=32, help="objects to read back (default 32)")
             op.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+            op.add_argument("--auth-key", default=None, metavar="SRC",
+                            help="verify MACs too: where the deployment keys are, env:NAME or file:/path "
+                                 "(the storage_auth_key setting; never the key itself)")
         if name == "purge":
             op.add_argument("--yes", action="store_true", help="do not ask for confirmation")
         op.add_argument("--json", action="store_true", help="print one JSON object")
@@ -118,7 +121,8 @@ def _stats(args, backend, namespace, shown, progress) -> int:
 
 
 def _scan(args, backend, namespace, shown, progress) -> int:
-    report = verify(backend, namespace, sample=args.sample, seed=args.seed, progress=progress)
+    keys = ObjectKeys.load(args.auth_key, "--auth-key") if args.auth_key is not None else None
+    report = verify(backend, namespace, sample=args.sample, seed=args.seed, progress=progress, keys=keys)
     out = {"url": shown, "namespace": namespace, **report.to_dict()}
     if args.json:
         print(json.dumps(out, indent=2))

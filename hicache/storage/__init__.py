@@ -23,6 +23,7 @@ from hicache.storage.backup import BackupQueue, PutTicket
 from hicache.storage.config import PREFETCH_POLICIES, L3Config, PrefetchConfig
 from hicache.storage.faults import (CircuitBreaker, StorageConnectionError, StorageProtocolError,
                                     StorageServerError, StorageTimeout)
+from hicache.storage.auth import ObjectKeys, check_source as check_key_source
 from hicache.storage.objects import (FORMAT_VERSION, HEADER_BYTES, ObjectCodec, ObjectKind, Reject,
                                      make_namespace)
 from hicache.storage.prefetch import PrefetchOp, PrefetchPlan, Prefetcher, PrefetchResult, PrefetchStatus
@@ -37,5 +38,5 @@ __all__ = [
     "Prefetcher", "PrefetchConfig", "PrefetchOp", "PrefetchPlan", "PrefetchResult", "PrefetchStatus",
     "PREFETCH_POLICIES", "ObjectKind", "ObjectCodec", "Reject", "make_namespace", "FORMAT_VERSION",
     "HEADER_BYTES", "CircuitBreaker", "StorageTimeout", "StorageConnectionError", "StorageProtocolError",
-    "StorageServerError",
+    "StorageServerError", "ObjectKeys", "check_key_source",
 ]

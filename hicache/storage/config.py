@@ -11,6 +11,7 @@ from typing import Optional
 
 from hicache.units import check_int, check_number
 from hicache.errors import ConfigError
+from hicache.storage.auth import check_source
 
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
@@ -36,6 +37,8 @@ class L3Config:
     * ``backup_batch``: objects per backend write.
     * ``backup_skip_existing``: ask L3 first and skip objects already there (a fleet
       sharing one store writes each shared page once).
+    * ``auth_key``: authenticated objects (:mod:`hicache.storage.auth`): where the MAC
+      keys are, ``env:NAME`` or ``file:/abs/path`` (never a key itself); None: off.
     """
 
     lookup_batch: int = 64
@@ -48,8 +51,11 @@ class L3Config:
     backup_queue_bytes: int = 256 << 20
     backup_batch: int = 16
     backup_skip_existing: bool = True
+    auth_key: Optional[str] = None
 
     def __post_init__(self) -> None:
+        if self.auth_key is not None:
+            check_source(self.auth_key, "auth_key")
         for name in ("lookup_batch", "read_batch", "breaker_threshold", "backup_queue_objects",
                      "backup_queue_bytes", "backup_batch"):
             _pos_int(name, getattr(self, name))

@@ -26,6 +26,12 @@ another layout, truncated or bit-flipped is rejected: counted, and never exposed
 
 No pickle: the header is a fixed ``struct`` and the payload raw bytes.
 
+Authenticated objects (opt-in, :mod:`hicache.storage.auth`): format version 2, header
+bytes 96, the reserved field holding the signing key's id, and a 32-byte HMAC-SHA256 of
+the first 64 header bytes and the payload after them. A codec with keys accepts only those
+(a version-1 object, a MAC no accepted key made: ``unauthenticated``, repaired like any bad
+value); a codec without keys leaves them alone (``version``).
+
 Checksum: xxh3_64 runs at ~45 GiB/s here against ~3.7 GiB/s for zlib.crc32, so it costs
 about 2% of a 1 MiB Redis transfer instead of ~35%. It comes from the ``xxhash`` package;
 without it objects are written with crc32, and a reader without ``xxhash`` that meets an
@@ -49,12 +55,15 @@ except ImportError:  # pragma: no cover - exercised only where xxhash is absent
     _HAVE_XXHASH = False
 
 from hicache.errors import MisuseError
+from hicache.storage.auth import MAC_BYTES, ObjectKeys
 
 MAGIC = b"HCL3"
 FORMAT_VERSION = 1
+AUTH_VERSION = 2                  # the header is followed by a MAC (hicache.storage.auth)
 HEADER = struct.Struct("<4sHBBII16s8s8sQII")
 HEADER_BYTES = HEADER.size
 assert HEADER_BYTES == 64, HEADER_BYTES
+AUTH_HEADER_BYTES = HEADER_BYTES + MAC_BYTES
 KEY_PREFIX = "hc1"
 _KEY_RE = re.compile(r"^[A-Za-z0-9._:+-]{1,512}$")
 
@@ -92,6 +101,7 @@ class Reject(str, Enum):
     VERSION = "version"            # our magic, another format version
     WRONG_SIZE = "wrong_size"      # a payload of another size than the destination row
     UNVERIFIABLE = "unverifiable"  # checksum algorithm not available in this process
+    UNAUTHENTICATED = "unauthenticated"  # keys configured: no MAC, or one no accepted key made
 
 
 # -- checksums --------------------------------------------------------------------------
@@ -199,7 +209,12 @@ class ObjectHeader:
 class ObjectCodec:
     """Builds and checks headers for one namespace (one layout fingerprint + salt)."""
 
-    def __init__(self, fingerprint: str, salt: str = "", *, algo: int = DEFAULT_ALGO):
+    def __init__(self, fingerprint: str, salt: str = "", *, algo: int = DEFAULT_ALGO,
+                 keys: Optional[ObjectKeys] = None):
+        """``keys``: write and accept only authenticated objects (module docstring)."""
+        self.keys = keys
+        self.header_bytes = HEADER_BYTES if keys is None else AUTH_HEADER_BYTES
+        self._version = FORMAT_VERSION if keys is None else AUTH_VERSION
         self.namespace = make_namespace(fingerprint, salt)
         self.fingerprint = fingerprint
         self._fp16 = (fingerprint.encode()[:16]).ljust(16, b"\0") if len(fingerprint) <= 16 \
@@ -210,13 +225,13 @@ class ObjectCodec:
         self.algo = algo
 
     @classmethod
-    def for_namespace(cls, namespace: str) -> "ObjectCodec":
+    def for_namespace(cls, namespace: str, keys: Optional[ObjectKeys] = None) -> "ObjectCodec":
         """A codec for a namespace read off a key, whose salt is unknown (only its digest is
         in the name): enough to check the headers of the objects stored under it."""
         m = re.fullmatch(r"hc1\.([A-Za-z0-9_-]{1,64})\.([0-9a-f]{8})", namespace)
         if m is None:
             raise MisuseError(f"not an L3 namespace: {namespace!r} (expected hc1.FINGERPRINT.SALT8)")
-        codec = cls(m.group(1))
+        codec = cls(m.group(1), keys=keys)
         codec.namespace = namespace
         codec._ns8 = hashlib.sha256(namespace.encode()).digest()[:8]
         return codec
@@ -225,12 +240,16 @@ class ObjectCodec:
         return f"{self.namespace}:{as_kind(kind).tag}:{hash_bytes(h).hex()}"
 
     def header(self, h: PageHash, kind: "ObjectKind | str", payload: list[memoryview]) -> bytes:
-        """The 64-byte header of ``payload`` (a gather list) stored under hash ``h``."""
+        """The header of ``payload`` (a gather list) stored under hash ``h``: 64 bytes, or
+        96 with keys (the MAC of those 64 and the payload follows)."""
         n = sum(v.nbytes for v in payload)
-        body = HEADER.pack(MAGIC, FORMAT_VERSION, as_kind(kind).code, self.algo, HEADER_BYTES, 0,
+        keys = self.keys
+        body = HEADER.pack(MAGIC, self._version, as_kind(kind).code, self.algo, self.header_bytes,
+                           0 if keys is None else keys.write_id,
                            self._fp16, self._ns8, hash_bytes(h)[:8].ljust(8, b"\0"), n,
                            checksum(payload, self.algo), 0)
-        return body[:60] + struct.pack("<I", zlib.crc32(body[:60]))
+        head = body[:60] + struct.pack("<I", zlib.crc32(body[:60]))
+        return head if keys is None else head + keys.sign(head, payload)
 
     def check_header(self, raw: memoryview, h: PageHash, kind: "ObjectKind | str",
                      value_len: int, payload_len: int) -> "tuple[Reject | None, int]":
@@ -240,31 +259,45 @@ class ObjectCodec:
         payload of ``payload_len`` bytes that the value actually carries; otherwise the
         reason to reject it.
         """
-        if value_len < HEADER_BYTES:
+        hb = self.header_bytes
+        if value_len < HEADER_BYTES or len(raw) < HEADER_BYTES:
             return (Reject.TRUNCATED if value_len >= 4 and bytes(raw[:4]) == MAGIC else Reject.FOREIGN), 0
-        (magic, version, kind_code, algo, hdr_bytes, _r, fp, ns, kd, plen, csum,
+        (magic, version, kind_code, algo, hdr_bytes, kid, fp, ns, kd, plen, csum,
          hcrc) = HEADER.unpack_from(raw)
         if magic != MAGIC:
             return Reject.FOREIGN, 0
         if hcrc != zlib.crc32(raw[:60]):
             return Reject.CORRUPT, 0
-        if version != FORMAT_VERSION or hdr_bytes != HEADER_BYTES:
+        if version != self._version or hdr_bytes != hb:
+            if self.keys is not None and (version, hdr_bytes) == (FORMAT_VERSION, HEADER_BYTES):
+                return Reject.UNAUTHENTICATED, 0   # written without a MAC: anyone could have
             return Reject.VERSION, 0
+        if value_len < hb or len(raw) < hb:
+            return Reject.TRUNCATED, 0
         if (fp != self._fp16 or ns != self._ns8 or kind_code != as_kind(kind).code
                 or kd != hash_bytes(h)[:8].ljust(8, b"\0")):
             return Reject.FOREIGN, 0
         if plen != payload_len:
             return Reject.WRONG_SIZE, 0
-        if value_len < HEADER_BYTES + plen:
+        if value_len < hb + plen:
             return Reject.TRUNCATED, 0
-        if value_len > HEADER_BYTES + plen:
+        if value_len > hb + plen:
             return Reject.CORRUPT, 0
         if CHECKSUMS.get(algo) is None:
             return Reject.UNVERIFIABLE, 0
-        return None, (algo << 32) | csum
+        return None, (kid << 48) | (algo << 32) | csum
 
-    @staticmethod
-    def check_payload(payload: list[memoryview], token: int) -> "Reject | None":
-        """Verify the payload against the checksum :meth:`check_header` accepted."""
-        algo, csum = token >> 32, token & 0xFFFFFFFF
-        return None if checksum(payload, algo) == csum else Reject.CORRUPT
+    def check_payload(self, payload: list[memoryview], token: int,
+                      head: "memoryview | bytes | None" = None) -> "Reject | None":
+        """Verify the payload against the checksum :meth:`check_header` accepted and, with
+        keys, the MAC at the end of ``head`` (the header as read)."""
+        algo, csum = (token >> 32) & 0xFFFF, token & 0xFFFFFFFF
+        if checksum(payload, algo) != csum:
+            return Reject.CORRUPT
+        keys = self.keys
+        if keys is not None:
+            if head is None or len(head) < AUTH_HEADER_BYTES:
+                raise MisuseError("check_payload: an authenticated object needs its header")
+            if not keys.verify(token >> 48, head[:HEADER_BYTES], payload, head[HEADER_BYTES:AUTH_HEADER_BYTES]):
+                return Reject.UNAUTHENTICATED
+        return None

@@ -40,7 +40,8 @@ from hicache.storage.buffers import Deferred, Value, value_views
 from hicache.storage.config import L3Config
 from hicache.storage.faults import TRANSPORT_FAULTS, CircuitBreaker, FaultCounter, fault_name
 from hicache.storage.iostats import IO_OPS, IoStats
-from hicache.storage.objects import HEADER_BYTES, ObjectCodec, ObjectKind, PageHash, Reject, as_kind
+from hicache.storage.auth import ObjectKeys
+from hicache.storage.objects import ObjectCodec, ObjectKind, PageHash, Reject, as_kind
 
 if TYPE_CHECKING:  # imported on first use at run time
     from hicache.storage.backup import BackupQueue
@@ -49,7 +50,8 @@ if TYPE_CHECKING:  # imported on first use at run time
 # Rejections that mean the stored value is bad for this key (deleted and rewritten).
 # Another format version, or a checksum this process cannot compute, is left alone: the
 # value may be fine for the process that wrote it.
-REPAIRABLE = frozenset({Reject.TRUNCATED, Reject.CORRUPT, Reject.FOREIGN, Reject.WRONG_SIZE})
+REPAIRABLE = frozenset({Reject.TRUNCATED, Reject.CORRUPT, Reject.FOREIGN, Reject.WRONG_SIZE,
+                        Reject.UNAUTHENTICATED})
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class StoreStats:
                                                          "refused": self.breaker_refused},
                 "backup_pending_objects": self.backup_pending_objects,
                 "backup_pending_bytes": self.backup_pending_bytes, "backend": self.backend,
-                "io": self.io}
+                "io": self.io, **({"last_fault": self.extra["last_fault"]} if "last_fault" in self.extra else {})}
 
 
 class L3Store:
@@ -99,12 +101,16 @@ class L3Store:
 
     def __init__(self, backend: StorageBackend, fingerprint: str, salt: str = "",
                  cfg: L3Config = L3Config(), *, clock: Callable[[], float] = time.monotonic,
-                 breaker: Optional[CircuitBreaker] = None):
+                 breaker: Optional[CircuitBreaker] = None, keys: Optional[ObjectKeys] = None):
         """``breaker``: share one breaker between stores on the same backend (an engine
-        integration keeps one namespace per pool), so a dead server trips once for all."""
+        integration keeps one namespace per pool), so a dead server trips once for all.
+        ``keys``: the MAC keys, else read from ``cfg.auth_key`` when set (authenticated
+        objects, :mod:`hicache.storage.auth`)."""
         self.backend = backend
         self.cfg = cfg
-        self.codec = ObjectCodec(fingerprint, salt)
+        if keys is None and cfg.auth_key is not None:
+            keys = ObjectKeys.load(cfg.auth_key)
+        self.codec = ObjectCodec(fingerprint, salt, keys=keys)
         self.breaker = breaker or CircuitBreaker(cfg.breaker_threshold, cfg.breaker_cooldown_s,
                                                  cfg.breaker_max_cooldown_s, clock=clock)
         self.faults = FaultCounter()      # by type: timeout, connection, protocol, server
@@ -119,6 +125,7 @@ class L3Store:
         self._bad_keys: set[str] = set()
         self.io = IoStats()               # get/put latency and bandwidth histograms
         self._io_pending = threading.local()  # backend seconds of this thread's get/put so far
+        self._last_fault = ""   # the newest fault's message, one line: what an operator reads first
 
     @property
     def namespace(self) -> str:
@@ -155,6 +162,7 @@ class L3Store:
                 result = fn()
             except StorageError as exc:
                 self._add_io_time(op, t0)
+                self._last_fault = f"{op}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"[:300]
                 self.faults.add(fault_name(exc))
                 self.faults.add(f"{op}.{fault_name(exc)}")
                 if isinstance(exc, TRANSPORT_FAULTS):
@@ -220,9 +228,10 @@ class L3Store:
             hs = hashes[start:start + batch]
             dv = views[start:start + batch]
             dn = sizes[start:start + batch]
-            staging = bytearray(HEADER_BYTES * len(hs))
+            hb = self.codec.header_bytes
+            staging = bytearray(hb * len(hs))
             sv = memoryview(staging)
-            heads = [sv[i * HEADER_BYTES:(i + 1) * HEADER_BYTES] for i in range(len(hs))]
+            heads = [sv[i * hb:(i + 1) * hb] for i in range(len(hs))]
             verdict: list[Any] = [None] * len(hs)
 
             def accept(i: int, length: int, head: memoryview) -> bool:
@@ -245,7 +254,7 @@ class L3Store:
                     v, _ = self.codec.check_header(heads[i], hs[i], kind, length, dn[i])
                     v = v or Reject.TRUNCATED
                 if not isinstance(v, Reject):
-                    v = self.codec.check_payload(dv[i], v) or v
+                    v = self.codec.check_payload(dv[i], v, heads[i]) or v
                 if isinstance(v, Reject):
                     stopped = v.value
                     self.rejected.add(v.value)
@@ -279,7 +288,7 @@ class L3Store:
         keys = [self.key(h, kind) for h in hashes]
         # Deferred headers: a streaming backend hashes each payload just before sending it.
         if getattr(self.backend, "accepts_deferred", False):
-            values = [[Deferred(HEADER_BYTES, partial(self.codec.header, h, kind, v)), *v]
+            values = [[Deferred(self.codec.header_bytes, partial(self.codec.header, h, kind, v)), *v]
                       for h, v in zip(hashes, views)]
         else:  # a backend written to the plain contract gets bytes
             values = [[self.codec.header(h, kind, v), *v] for h, v in zip(hashes, views)]
@@ -366,7 +375,7 @@ class L3Store:
         return StoreStats(self.namespace, counts, self.rejected.snapshot(), self.faults.snapshot(),
                           self.breaker.state, self.breaker.trips, self.breaker.refused,
                           bq.pending_objects if bq else 0, bq.pending_bytes if bq else 0, bstats,
-                          io=self.io.snapshot())
+                          extra={"last_fault": self._last_fault} if self._last_fault else {}, io=self.io.snapshot())
 
     def close(self, timeout: float = 5.0) -> None:
         """Finish queued backups (up to ``timeout``), drop the rest, close the backend."""

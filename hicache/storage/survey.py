@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Optional
 
 from hicache.errors import ConfigError
 from hicache.storage.backend import StorageBackend
+from hicache.storage.auth import ObjectKeys
 from hicache.storage.objects import (HEADER, HEADER_BYTES, KEY_PREFIX, MAGIC, KeyInfo, ObjectCodec, ObjectKind,
                                      parse_key)
 
@@ -152,18 +153,21 @@ def check_object(info: KeyInfo, value: memoryview, codec: ObjectCodec) -> str:
     """The verdict on one stored value: ``ok`` or a :class:`~hicache.storage.objects.Reject`
     reason, exactly as a read into the cache would judge it."""
     n = value.nbytes
+    hb = codec.header_bytes
     announced = HEADER.unpack_from(value)[9] if n >= HEADER_BYTES and bytes(value[:4]) == MAGIC else 0
-    reason, token = codec.check_header(value[:HEADER_BYTES], info.hash_hex, info.kind, n, announced)
+    reason, token = codec.check_header(value[:hb], info.hash_hex, info.kind, n, announced)
     if reason is not None:
         return reason.value
-    bad = codec.check_payload([value[HEADER_BYTES:]], token)
+    bad = codec.check_payload([value[hb:]], token, value[:hb])
     return OK if bad is None else bad.value
 
 
 def verify(backend: StorageBackend, namespace: Optional[str] = None, *, sample: int = 32, seed: int = 0,
-           batch: int = 1000, progress: Optional[Progress] = None) -> VerifyReport:
+           batch: int = 1000, progress: Optional[Progress] = None, keys: Optional[ObjectKeys] = None
+           ) -> VerifyReport:
     """Read back a uniform sample of ``sample`` objects (reservoir sampling over one scan)
-    and check each header and payload checksum."""
+    and check each header and payload checksum; with ``keys``, the MAC too (an object
+    without one, or made with no accepted key, is ``unauthenticated``)."""
     if sample < 1:
         raise ConfigError("--sample", sample, "must be >= 1")
     check_namespace(namespace)
@@ -194,7 +198,7 @@ def verify(backend: StorageBackend, namespace: Optional[str] = None, *, sample: 
                 verdict = MISSING
             else:
                 codec = codecs.get(info.namespace) or codecs.setdefault(
-                    info.namespace, ObjectCodec.for_namespace(info.namespace))
+                    info.namespace, ObjectCodec.for_namespace(info.namespace, keys))
                 # A value rewritten with another length since the scan: judge what is there.
                 view = memoryview(buf)[:got] if got <= length else memoryview(_reread(backend, key, got))
                 verdict = check_object(info, view, codec)

@@ -14,8 +14,8 @@ from hicache.tree.eviction import (CANDIDATES, LFU, LRU, STRATEGIES, AccessStrat
 from hicache.tree.ghost import GhostCache, page_keys
 from hicache.tree.selector import PolicySelector, SelectorStats
 from hicache.tree.insert import InsertResult
-from hicache.tree.node import (HASH_BYTES, ROOT_HASH, LoadTicket, Snapshot, TreeNode, chain_hashes, page_hash,
-                               token_bytes)
+from hicache.tree.node import (HASH_BYTES, ROOT_HASH, LoadTicket, RootNode, Snapshot, TreeNode, chain_hashes,
+                               page_hash, tenant_root_hash, token_bytes)
 from hicache.tree.order import EvictionOrder
 from hicache.tree.paths import PathMatch, ResumePoint
 from hicache.tree.radix import RadixTree, Removed
@@ -26,5 +26,5 @@ __all__ = [
     "host_victims", "snapshot_victims", "HASH_BYTES", "ROOT_HASH", "LoadTicket", "Snapshot", "TreeNode",
     "chain_hashes", "page_hash", "token_bytes", "InsertResult", "EvictionOrder", "PathMatch", "RadixTree",
     "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy", "chunk_end", "GhostCache",
-    "page_keys",
+    "page_keys", "RootNode", "tenant_root_hash",
 ]

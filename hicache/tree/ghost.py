@@ -415,12 +415,13 @@ class GhostCache:
             assert below == node.snapshots_below, (node.key, below, node.snapshots_below)
 
 
-def page_keys(tokens: np.ndarray, page_tokens: int, pages: int) -> list[int]:
+def page_keys(tokens: np.ndarray, page_tokens: int, pages: int, root: int = 0) -> list[int]:
     """Ghost keys of the first ``pages`` whole pages of ``tokens``: each a 64-bit hash of
     its parent's key and its tokens (xxh3, seeded with the parent), so equal keys mean
     equal prefixes and every process computes the same keys (a ghost needs no more: a
-    collision costs a ghost one wrong hit, never a byte served)."""
-    keys, key = [], 0
+    collision costs a ghost one wrong hit, never a byte served). ``root``: the first
+    parent key, a tenant's (so ghosts share no page between tenants, as the cache does)."""
+    keys, key = [], root
     raw = np.ascontiguousarray(tokens[: pages * page_tokens], dtype="<i4").tobytes()
     width = page_tokens * 4
     digest = xxhash.xxh3_64_intdigest

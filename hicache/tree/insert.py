@@ -122,10 +122,11 @@ def insert(tree: "RadixTree", tokens: np.ndarray | bytes, device_ids: np.ndarray
                         private=private, new_nodes=new_nodes, last=node)
 
 
-def insert_host(tree: "RadixTree", tokens: np.ndarray | bytes, host_ids: np.ndarray, *, start_page: int = 0
-                ) -> tuple[np.ndarray, TreeNode | None, list[TreeNode]]:
+def insert_host(tree: "RadixTree", tokens: np.ndarray | bytes, host_ids: np.ndarray, *, start_page: int = 0,
+                root: TreeNode | None = None) -> tuple[np.ndarray, TreeNode | None, list[TreeNode]]:
     """Insert pages ``[start_page, start_page + len(host_ids))`` that exist only on the host
-    (an L3 prefetch). Pages before ``start_page`` must already be in the tree.
+    (an L3 prefetch) below ``root`` (a tenant's; default the shared root). Pages before
+    ``start_page`` must already be in the tree.
 
     Returns the host ids the tree did not take (it had those pages already, or the
     prefix before ``start_page`` is gone), the node ending at the last page (None if
@@ -135,7 +136,7 @@ def insert_host(tree: "RadixTree", tokens: np.ndarray | bytes, host_ids: np.ndar
     n = start_page + len(ids)
     W = tree.page_tokens * TOKEN_BYTES
     q = tokens if isinstance(tokens, bytes) else token_bytes(tokens[: n * tree.page_tokens])
-    path = tree.walk(q, start_page)
+    path = tree.walk(q, start_page, root)
     if path.num_pages < start_page:
         return ids.copy(), None, []
     node = tree.node_at(path, start_page)

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Iterator, Protocol
 
 import numpy as np
 
+from hicache.errors import MisuseError
+
 if TYPE_CHECKING:
     from hicache.tree.watch import TreeWatch
 
@@ -55,6 +57,27 @@ def page_hash(seed: bytes, parent: bytes, page_tokens: np.ndarray | bytes) -> by
     h = hashlib.sha256(seed)
     h.update(parent)
     h.update(page_tokens if isinstance(page_tokens, bytes) else token_bytes(page_tokens))
+    return h.digest()
+
+
+def tenant_root_hash(seed: bytes, salt: "str | bytes | None") -> bytes:
+    """The hash a tenant's chains start from: ``ROOT_HASH`` without a salt (today's keys,
+    shared by every request), else ``SHA-256(seed | "hicache-tenant" NUL | salt)``.
+
+    Why the root: every page hash chains from its parent's, so a different root changes
+    every page hash of the tenant -- its tree paths, its L3 page keys and its snapshot keys
+    -- and two tenants can share no page on any tier. The tag keeps the input apart from a
+    page's (``seed | parent hash | tokens``): a salt cannot be chosen to equal a page.
+    """
+    if not salt:
+        return ROOT_HASH
+    if isinstance(salt, str):
+        salt = salt.encode("utf-8")
+    elif not isinstance(salt, (bytes, bytearray)):
+        raise MisuseError(f"salt must be a str or bytes, got {type(salt).__name__}")
+    h = hashlib.sha256(seed)
+    h.update(b"hicache-tenant\0")
+    h.update(salt)
     return h.digest()
 
 
@@ -309,3 +332,22 @@ class TreeNode:
     def __repr__(self) -> str:  # short: the tree prints many of them in assertion messages
         where = ("D" if self.device_ids is not None else "") + ("H" if self.host_ids is not None else "")
         return f"<node#{self.node_id} pages={self.num_pages} {where or '-'} locks={self.lock_device}>"
+
+
+class RootNode(TreeNode):
+    """The root of one tenant's tree (a salted request's): no pages, never evicted, and a
+    ``last_hash`` of its own, :func:`tenant_root_hash`, so its children's hashes chain from
+    it. ``lock_device`` is 1 plus the locks of running requests below it and ``pins`` the
+    open prefetches at it: the tree drops an empty tenant root when neither holds it."""
+
+    __slots__ = ("root_hash",)
+    root_hash: bytes
+
+    def __init__(self, root_hash: bytes):
+        super().__init__(b"", [], None, lock_device=1)
+        _set(self, "root_hash", root_hash)
+
+    @property
+    def last_hash(self) -> bytes:
+        return self.root_hash
+

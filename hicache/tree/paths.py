@@ -28,6 +28,7 @@ class PathMatch:
     """
 
     segments: tuple[tuple[TreeNode, int], ...]
+    root: TreeNode | None = None   # the tenant root it starts at (None: the shared root)
 
     @property
     def num_pages(self) -> int:
@@ -36,7 +37,7 @@ class PathMatch:
     @property
     def last_hash(self) -> bytes:
         if not self.segments:
-            return ROOT_HASH
+            return ROOT_HASH if self.root is None else self.root.last_hash
         node, pages = self.segments[-1]
         return node.hashes[pages - 1]
 

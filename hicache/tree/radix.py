@@ -31,6 +31,7 @@ import numpy as np
 
 from hicache.tree import insert as _insert
 from hicache.tree import paths as _paths
+from hicache.tree import tenants as _tenants
 from hicache.tree.node import TOKEN_BYTES, Snapshot, TreeNode, chain_hashes, token_bytes
 from hicache.tree.order import EvictionOrder
 from hicache.tree.owners import OwnerIndex
@@ -73,6 +74,7 @@ class RadixTree:
     num_nodes: int = field(default=0, init=False)   # nodes in the tree (the root not counted)
     _shape: int = field(default=0, init=False)   # bumped by every split, add and removal
     _last_walk: tuple | None = field(default=None, init=False, repr=False)
+    _roots: dict[bytes, TreeNode] = field(default_factory=dict, init=False, repr=False)  # tenants.py
     _watch: TreeWatch = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -86,8 +88,9 @@ class RadixTree:
         self.clock += 1
         return self.clock
 
-    def walk(self, tokens: np.ndarray | bytes, max_pages: int) -> PathMatch:
-        """Follow whole pages of ``tokens`` (at most ``max_pages``) down the tree.
+    def walk(self, tokens: np.ndarray | bytes, max_pages: int, root: TreeNode | None = None) -> PathMatch:
+        """Follow whole pages of ``tokens`` (at most ``max_pages``) down the tree from
+        ``root`` (a tenant's, :mod:`hicache.tree.tenants`; default the shared root).
 
         The last walk is remembered with the tree's shape (bumped by every split, add and
         removal): walking the same tokens again on an unchanged shape -- a ``load`` right
@@ -95,12 +98,15 @@ class RadixTree:
         """
         q = tokens if isinstance(tokens, bytes) else token_bytes(tokens)
         last = self._last_walk
-        if last is not None and last[1] == max_pages and last[2] == self._shape and last[0] == q:
+        if root is None:
+            root = self.root
+        if (last is not None and last[1] == max_pages and last[2] == self._shape and last[0] == q
+                and last[4] is root):
             return last[3]   # the same tokens on the same tree shape (a load after its match)
         W = self.page_tokens * TOKEN_BYTES
         end = min(max_pages, len(q) // W)
         segments = []
-        node, pos = self.root, 0
+        node, pos = root, 0
         while pos < end:
             off = pos * W
             child = node.children.get(q[off: off + W])
@@ -116,8 +122,8 @@ class RadixTree:
             if matched < k:
                 break
             node = child
-        path = PathMatch(tuple(segments))
-        self._last_walk = (q, max_pages, self._shape, path)
+        path = PathMatch(tuple(segments), None if root is self.root else root)
+        self._last_walk = (q, max_pages, self._shape, path, root)
         return path
 
     def common_pages(self, child: TreeNode, q: bytes, pos: int, end: int) -> int:
@@ -158,7 +164,7 @@ class RadixTree:
     def node_at(self, path: PathMatch, pages: int) -> TreeNode:
         """The node ending exactly ``pages`` pages deep on ``path``, splitting one if needed."""
         if pages == 0:
-            return self.root
+            return self.root if path.root is None else path.root
         for node, _ in path.segments:
             if node.depth == pages:
                 return node
@@ -266,6 +272,8 @@ class RadixTree:
         _set(node, "parent", None)
         self._watch.node_changed(parent)
         self._watch.children_changed(parent)
+        if parent.parent is None and parent is not self.root:
+            _tenants.prune(self, parent)
 
     def remove_subtree(self, node: TreeNode, on_detach: Callable[[TreeNode], None] | None = None) -> Removed:
         """Take every copy under and including ``node`` and detach those nodes.
@@ -324,6 +332,9 @@ class RadixTree:
     insert = _insert.insert
     insert_host = _insert.insert_host
     resume_point = _paths.resume_point
+    tenant_root = _tenants.tenant_root
+    root_of = staticmethod(_tenants.root_of)
+    prune_root = _tenants.prune
 
     # -- locks --------------------------------------------------------------------------
     def lock(self, node: TreeNode, delta: int = 1) -> None:
@@ -340,14 +351,21 @@ class RadixTree:
             elif not new:
                 changed(n)
             n = n.parent
+        if n is not self.root:   # a tenant's root counts the locks below it (tenants.py)
+            _set(n, "lock_device", n.lock_device + delta)
+            if delta < 0:
+                _tenants.prune(self, n)
 
     def pin(self, node: TreeNode, delta: int = 1) -> None:
         """Keep ``node`` in the tree (``delta=-1``: let it go): an open prefetch will hang
         pages below its end. A pinned node is never removed (host eviction, subtree
-        removal); its device copy may still be demoted. The root needs no pin."""
-        if node.parent is not None:
+        removal); its device copy may still be demoted. The shared root needs no pin; a
+        tenant's root is kept while pinned (:mod:`hicache.tree.tenants`)."""
+        if node is not self.root:
             node.pins += delta
             assert node.pins >= 0, f"unpin below zero on {node}"
+            if node.parent is None and delta < 0:
+                _tenants.prune(self, node)
 
     def move_lock(self, old: TreeNode, new: TreeNode) -> None:
         """Move one lock from ``old``'s path to ``new``'s: ``lock(new)`` then ``lock(old, -1)``,
@@ -410,8 +428,10 @@ class RadixTree:
 
     # -- iteration ----------------------------------------------------------------------
     def nodes(self) -> Iterator[TreeNode]:
-        """Every non-root node, parents before children."""
+        """Every non-root node (of every tenant), parents before children."""
         stack = list(self.root.children.values())
+        for root in self._roots.values():
+            stack.extend(root.children.values())
         while stack:
             node = stack.pop()
             yield node
@@ -456,6 +476,7 @@ class RadixTree:
             if node.snapshot is not None:
                 assert node.snapshot.lock >= 0, f"{node}: negative snapshot lock"
                 assert node.snapshot._node is node, f"{node}: its snapshot points elsewhere"
+        _tenants.check(self)
         self._watch.check(nodes)
         if self._watch.owners is not None:
             self._watch.owners.check(nodes)

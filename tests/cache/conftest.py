@@ -31,7 +31,8 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
                write_policy="write_through", retention=None, eviction="lru", threshold=2,
                storage="memory://", prefetch_policy="wait_complete", salt="t",
                host_tier="inclusive", transfer=None, budget="split", state_cap=None,
-               candidates=None, window=300, margin=0.01, admit: AdmitConfig | None = None) -> HiCache:
+               candidates=None, window=300, margin=0.01, admit: AdmitConfig | None = None,
+               auth_key="") -> HiCache:
     """A cache with these counts (``budget="split"``), or (``"shared"``) one arena per tier
     of the same bytes: ``pages x page bytes + snaps x snapshot bytes`` (``state_cap``: a
     state_share cap), or (``"shared_host"``) the device's counts and such a host arena."""
@@ -56,7 +57,7 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
                         adaptive_window=window, adaptive_margin=margin),
         write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold, host_tier=host_tier),
         storage=StorageConfig(url=storage, salt=salt, prefetch_policy=prefetch_policy,
-                              prefetch_threshold_tokens=P),
+                              prefetch_threshold_tokens=P, auth_key=auth_key),
         admit=admit or AdmitConfig())
     return HiCache(layout, cfg, transfer=transfer)
 

@@ -119,3 +119,23 @@ def test_unreachable_server_is_one_line_without_the_password(capsys):
 
     code, out, err = _l3(capsys, "stats", "--url", f"redis://u:pw-sekret@127.0.0.1:{free_port()}/0?connect_timeout=0.2")
     assert code == 2 and err.count("\n") == 1 and "pw-sekret" not in err
+
+
+def test_scan_verifies_macs_with_the_key(tmp_path, capsys, monkeypatch):
+    from hicache.storage import ObjectKeys
+
+    key = "s" * 48
+    monkeypatch.setenv("SCAN_KEYS", key)
+    url = f"file://{tmp_path}/l3"
+    signed = L3Store(open_backend(url), "scanfp", "salt", keys=ObjectKeys.load("env:SCAN_KEYS"))
+    hs = page_hashes(6, "scan-mac")
+    assert all(signed.put(hs, "page", list(rows(6, 256))))
+    planted = L3Store(open_backend(url), "scanfp", "salt")            # a writer without the key
+    assert planted.put(hs[:2], "page", list(rows(2, 256, seed=5))) == [True, True]
+    code, out, _ = _l3(capsys, "scan", "--url", url, "--sample", "100", "--auth-key", "env:SCAN_KEYS", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["verdicts"] == {"ok": 4, "unauthenticated": 2} and key not in out
+    code, out, err = _l3(capsys, "scan", "--url", url, "--auth-key", "env:NOT_SET_ANYWHERE")
+    assert code == 2 and "NOT_SET_ANYWHERE" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    code, out, err = _l3(capsys, "scan", "--url", url, "--auth-key", key)             # a key pasted
+    assert code == 2 and key not in err and key not in out

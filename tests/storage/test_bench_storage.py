@@ -68,3 +68,10 @@ def test_unreachable_server_is_a_clear_error_not_a_hang(capsys):
                  "--object-mib", "0.0625"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("hicache bench: error:") and "cannot reach the store" in last
+
+
+def test_mac_is_timed_beside_the_plain_objects(capsys):
+    rc, out = run_json(capsys, "--url", "memory://", "--object-mib", "0.0625", "--objects", "4", "--rounds", "1",
+                       "--mac")
+    assert rc == 0 and out["verified"] and out["mac_put_gbps"] > 0 and out["mac_get_gbps"] > 0
+    assert 0 < out["mac_get_ratio"] and len(out["samples"]["mac_get"]) == 1

@@ -54,7 +54,7 @@ def check(codec, value: bytes, h, kind, expected_payload_len):
     head = memoryview(value[:64].ljust(64, b"\0"))
     reason, token = codec.check_header(head, h, kind, len(value), expected_payload_len)
     if reason is None:
-        return ObjectCodec.check_payload([memoryview(value[64:])], token)
+        return codec.check_payload([memoryview(value[64:])], token)
     return reason
 
 

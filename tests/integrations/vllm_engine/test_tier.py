@@ -260,3 +260,39 @@ def test_metrics_port_serves_the_tier_metrics():
     assert 'hicache_stored_chunks_total{model_name="test/tiny-model",rank="0"} 3.0' in text
     assert 'hicache_l3_latency_seconds_count{model_name="test/tiny-model",op="put",rank="0"}' in text
     m.shutdown()
+
+
+def _salted_keys(prompt: list[int], salt: str | None, group: int = 0) -> list:
+    """The offload keys vLLM makes for a request with ``cache_salt=salt``: its own block
+    hasher folds the salt into the first block's hash, so every later hash differs too."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_offload.base import make_offload_key
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    req = Request(f"r-{salt}", prompt, SamplingParams(max_tokens=1), None, cache_salt=salt,
+                  block_hasher=get_request_block_hasher(16, sha256))
+    return [make_offload_key(h, group) for h in req.block_hashes]
+
+
+def test_cache_salt_keeps_tenants_apart_in_l3(l3_url):
+    """vLLM passes no salt to a tier: its ``cache_salt`` is already in the block hashes the
+    keys carry. So chunks one tenant stored are a MISS for a tenant with another salt (or
+    none) on another engine, and a HIT for the same salt."""
+    prompt = list(range(48))
+    alice, bob, shared = (_salted_keys(prompt, s) for s in ("alice", "bob", None))
+    assert len(alice) == 3 and not set(alice) & set(bob) and not set(alice) & set(shared)
+    writer = make_manager(l3_url)
+    writer.on_new_request(CTX)
+    store(writer, alice, CTX)
+    settle(writer)
+    reader = make_manager(l3_url)
+    writer.shutdown()
+    ctx = ReqContext(req_id="bob")
+    reader.on_new_request(ctx)
+    assert lookup_until(reader, bob, ctx) == [LookupResult.MISS] * 3
+    assert lookup_until(reader, shared, ctx) == [LookupResult.MISS] * 3
+    assert lookup_until(reader, alice, ctx) == [LookupResult.HIT_PENDING] * 3
+    reader.shutdown()
