@@ -22,6 +22,7 @@ from hicache.cli.table import render_table
 from hicache.errors import ConfigError
 from hicache.storage import ObjectKeys, mask_url, open_backend
 from hicache.storage import check_namespace, purge, survey, verify
+from hicache.storage.survey import MAC_UNCHECKED
 from hicache.units import format_bytes
 
 
@@ -132,6 +133,9 @@ def _scan(args, backend, namespace, shown, progress) -> int:
                                 f"{report.scanned_keys:,} objects read back"))
         for key, verdict in report.failures:
             print(f"  {verdict}: {key}")
+        unchecked = report.verdicts.get(MAC_UNCHECKED, 0)
+        if unchecked:
+            print(f"{unchecked} authenticated objects not checked: pass --auth-key to verify their MACs")
         print("all sampled objects check out" if report.ok else "some sampled objects FAILED their check")
     return 0 if report.ok else 1
 

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Optional
 from hicache.errors import ConfigError
 from hicache.storage.backend import StorageBackend
 from hicache.storage.auth import ObjectKeys
-from hicache.storage.objects import (HEADER, HEADER_BYTES, KEY_PREFIX, MAGIC, KeyInfo, ObjectCodec, ObjectKind,
+from hicache.storage.objects import (AUTH_VERSION, HEADER, HEADER_BYTES, KEY_PREFIX, MAGIC, KeyInfo, ObjectCodec, ObjectKind,
                                      parse_key)
 
 _NAMESPACE_RE = re.compile(r"^hc1\.[A-Za-z0-9_-]{1,64}\.[0-9a-f]{8}$")
@@ -30,6 +30,7 @@ OK = "ok"
 MISSING = "missing"       # listed by the scan, gone before it was read (evicted, purged)
 NOT_A_VALUE = "not_a_value"   # a Redis key of another type under our prefix
 UNPARSED = "unparsed_key"     # under our prefix but not a key this format writes
+MAC_UNCHECKED = "mac_not_checked"   # an authenticated object read without the key: not judged
 
 Progress = Callable[[int], None]
 
@@ -142,7 +143,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return all(v in (OK, MISSING) for v in self.verdicts)
+        return all(v in (OK, MISSING, MAC_UNCHECKED) for v in self.verdicts)
 
     def to_dict(self) -> dict:
         return {"scanned_keys": self.scanned_keys, "sampled": self.sampled, "verdicts": dict(self.verdicts),
@@ -201,11 +202,16 @@ def verify(backend: StorageBackend, namespace: Optional[str] = None, *, sample: 
                     info.namespace, ObjectCodec.for_namespace(info.namespace, keys))
                 # A value rewritten with another length since the scan: judge what is there.
                 view = memoryview(buf)[:got] if got <= length else memoryview(_reread(backend, key, got))
-                verdict = check_object(info, view, codec)
+                verdict = MAC_UNCHECKED if keys is None and _authenticated(view) else check_object(info, view, codec)
         verdicts[verdict] += 1
         if verdict not in (OK, MISSING) and len(failures) < 20:
             failures.append((key, verdict))
     return VerifyReport(scanned, len(picked), dict(sorted(verdicts.items())), failures)
+
+
+def _authenticated(value: memoryview) -> bool:
+    """An object in the authenticated format (its checks need the deployment key)."""
+    return value.nbytes >= HEADER_BYTES and bytes(value[:4]) == MAGIC and HEADER.unpack_from(value)[1] == AUTH_VERSION
 
 
 def _reread(backend: StorageBackend, key: str, length: int) -> bytearray:

@@ -135,6 +135,11 @@ def test_scan_verifies_macs_with_the_key(tmp_path, capsys, monkeypatch):
     code, out, _ = _l3(capsys, "scan", "--url", url, "--sample", "100", "--auth-key", "env:SCAN_KEYS", "--json")
     report = json.loads(out)
     assert code == 1 and report["verdicts"] == {"ok": 4, "unauthenticated": 2} and key not in out
+    # without the key: the signed objects are not judged (not failed), the plain ones are
+    code, out, _ = _l3(capsys, "scan", "--url", url, "--sample", "100")
+    assert code == 0 and "4 authenticated objects not checked: pass --auth-key" in out
+    code, out, _ = _l3(capsys, "scan", "--url", url, "--sample", "100", "--json")
+    assert json.loads(out)["verdicts"] == {"mac_not_checked": 4, "ok": 2}
     code, out, err = _l3(capsys, "scan", "--url", url, "--auth-key", "env:NOT_SET_ANYWHERE")
     assert code == 2 and "NOT_SET_ANYWHERE" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     code, out, err = _l3(capsys, "scan", "--url", url, "--auth-key", key)             # a key pasted
