@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
@@ -27,8 +28,6 @@ MAX_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def engine_env(tmp_path_factory):
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # read when an engine starts
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
     model = make_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama")
     rng = random.Random(7)
     prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in LENGTHS]
@@ -39,6 +38,8 @@ def start(model: Path, store: Path | None, **extra):
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"   # read when an engine starts: in-process
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
     kw = {}
     if store is not None:
         kw["kv_transfer_config"] = KVTransferConfig(
@@ -121,29 +122,31 @@ def test_second_engine_loads_from_the_shared_store(engine_env, reference, store)
 
     # The model reads what hicache loaded: zero the loaded blocks after the copy.
     assert llm.reset_prefix_cache()
-    copier = b_copier(llm)
+    with zeroed_loads():
+        bad, cached = generate(llm, prompts)
+    assert sum(cached) > 0 and bad != reference, (cached, bad)
+    stop(llm)
+
+
+@contextlib.contextmanager
+def zeroed_loads():
+    """The worker's copies into vLLM's blocks, each followed by zeroing those blocks."""
+    import torch
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    copier = get_kv_transfer_group()._copier
     real_load = copier.load
 
     def zeroing_load(layer, pages, blocks):
         real_load(layer, pages, blocks)
         if blocks:
-            import torch
-
             copier.rows[layer].index_fill_(0, torch.tensor(list(blocks)), 0)
 
     copier.load = zeroing_load
     try:
-        bad, cached = generate(llm, prompts)
+        yield
     finally:
         copier.load = real_load
-    assert sum(cached) > 0 and bad != reference, (cached, bad)
-    stop(llm)
-
-
-def b_copier(llm):
-    from vllm.distributed.kv_transfer import get_kv_transfer_group
-
-    return get_kv_transfer_group()._copier
 
 
 def test_damaged_store_falls_back_to_recompute(engine_env, reference, store):

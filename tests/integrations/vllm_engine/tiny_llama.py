@@ -13,6 +13,8 @@ VOCAB = 4096
 
 def make_tiny_llama(path: Path, *, layers: int = 4, hidden: int = 256, heads: int = 4, kv_heads: int = 2,
                     sliding_window: int | None = None, seed: int = 0) -> Path:
+    """``sliding_window``: every other layer (0, 2, ...) attends to that many tokens
+    (``layer_types``, as vLLM's Llama reads them), the rest to all."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -26,6 +28,7 @@ def make_tiny_llama(path: Path, *, layers: int = 4, hidden: int = 256, heads: in
                       bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
     if sliding_window is not None:
         cfg.sliding_window = sliding_window
+        cfg.layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     with torch.no_grad():   # larger weights than the default init: outputs depend on context
         for p in model.parameters():
