@@ -34,7 +34,12 @@ def engine_env(tmp_path_factory):
     return model, prompts
 
 
-def start(model: Path, store: Path | None, **extra):
+EXTRA = {"device_bytes": "16MiB", "host_bytes": "64MiB", "host_reserve_bytes": "256MiB",
+         "write_policy": "write_through", "prefetch_policy": "wait_complete"}
+
+
+def start(model: Path, store: Path | str | None, **extra):
+    """An in-process engine; ``store``: None (no connector), a directory (``file://``) or a URL."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -45,9 +50,7 @@ def start(model: Path, store: Path | None, **extra):
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="HiCacheConnector", kv_connector_module_path="hicache.integrations.vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
-            kv_connector_extra_config={"storage_url": f"file://{store}", "device_bytes": "16MiB",
-                                       "host_bytes": "64MiB", "host_reserve_bytes": "256MiB",
-                                       "write_policy": "write_through", "prefetch_policy": "wait_complete",
+            kv_connector_extra_config={**EXTRA, "storage_url": store if isinstance(store, str) else f"file://{store}",
                                        **extra})
     return LLM(model=str(model), enforce_eager=True, enable_prefix_caching=True, max_model_len=2048,
                dtype="bfloat16", seed=0, **kw)
@@ -166,3 +169,36 @@ def test_damaged_store_falls_back_to_recompute(engine_env, reference, store):
     assert s["load_failed_tokens"] == 0 and s["loaded_tokens"] == sum(cached) < sum((n - 1) // 128 * 128
                                                                                    for n in LENGTHS), (s, cached)
     stop(llm)
+
+
+def test_store_killed_midway_the_engine_keeps_serving(engine_env, reference):
+    """Redis dies after the first pass: hicache's host pool still serves the second pass
+    (identical outputs), its L3 calls fail behind the breaker, no exception reaches vLLM;
+    a fresh engine on the dead store computes everything, same outputs."""
+    from tests.redis_server import REDIS_SERVER, SKIP_REASON, RedisServer
+
+    if REDIS_SERVER is None:
+        pytest.skip(SKIP_REASON)
+    model, prompts = engine_env
+    server = RedisServer()
+    try:
+        url = server.url
+        llm = start(model, url)
+        b = bridge(llm)
+        assert generate(llm, prompts)[0] == reference
+        server.kill()
+        assert llm.reset_prefix_cache()
+        outs, cached = generate(llm, prompts)
+        assert outs == reference and sum(cached) > 0          # from hicache's host pool
+        fresh = [t + 1 for t in prompts[2]]                    # a prefix L3 is asked about, and written
+        assert len(generate(llm, [fresh])[0][0]) == MAX_TOKENS
+        b.cache.drain()
+        assert b.stats()["l3_errors"] > 0, b.stats()
+        stop(llm)
+        llm = start(model, url)
+        outs, cached = generate(llm, prompts)
+        assert outs == reference and cached == [0, 0, 0]
+        stop(llm)
+    finally:
+        server.close()
+
