@@ -38,8 +38,9 @@ EXTRA = {"device_bytes": "16MiB", "host_bytes": "64MiB", "host_reserve_bytes": "
          "write_policy": "write_through", "prefetch_policy": "wait_complete"}
 
 
-def start(model: Path, store: Path | str | None, **extra):
-    """An in-process engine; ``store``: None (no connector), a directory (``file://``) or a URL."""
+def start(model: Path, store: Path | str | None, engine: dict | None = None, **extra):
+    """An in-process engine; ``store``: None (no connector), a directory (``file://``) or a URL;
+    ``engine``: more ``LLM`` arguments; ``extra``: more connector keys."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -53,7 +54,7 @@ def start(model: Path, store: Path | str | None, **extra):
             kv_connector_extra_config={**EXTRA, "storage_url": store if isinstance(store, str) else f"file://{store}",
                                        **extra})
     return LLM(model=str(model), enforce_eager=True, enable_prefix_caching=True, max_model_len=2048,
-               dtype="bfloat16", seed=0, **kw)
+               dtype="bfloat16", seed=0, **kw, **(engine or {}))
 
 
 def generate(llm, prompts):
@@ -202,3 +203,27 @@ def test_store_killed_midway_the_engine_keeps_serving(engine_env, reference):
     finally:
         server.close()
 
+
+
+def test_concurrent_requests_chunked_prefill_and_a_small_kv_budget(engine_env):
+    """Six requests sharing a 400-token prefix, at most four running, prefilled in 256-token
+    chunks (pages published mid-prefill), 24 KV blocks: after ``reset_prefix_cache`` the
+    prefixes come from hicache and the outputs equal the same engine without a connector."""
+    model, _ = engine_env
+    rng = random.Random(3)
+    base = [rng.randrange(3, VOCAB) for _ in range(400)]
+    prompts = [base + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (300, 350, 420, 500, 280, 330)]
+    small = {"num_gpu_blocks_override": 24, "max_num_batched_tokens": 256, "max_num_seqs": 4}
+    ref = start(model, None, small)
+    expected, _ = generate(ref, prompts)
+    stop(ref)
+    llm = start(model, "memory://vllm-concurrent", small)
+    b = bridge(llm)
+    outs, _ = generate(llm, prompts)
+    assert outs == expected
+    assert llm.reset_prefix_cache()
+    outs, cached = generate(llm, prompts)
+    assert outs == expected and all(c >= 384 for c in cached), cached
+    s = b.stats()
+    assert s["loaded_tokens"] > 0 and s["save_failures"] == 0 and s["load_failed_tokens"] == 0, s
+    stop(llm)
