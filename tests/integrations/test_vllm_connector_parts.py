@@ -99,3 +99,19 @@ def test_config_inline_keys_file_and_refusals(tmp_path):
     with pytest.raises(ConfigError, match="blocks first"):
         BlockCopier({n: torch.zeros(2, BLOCKS, 4).transpose(0, 1) for n in NAMES}, NAMES,
                     torch.zeros(LAYERS, 4, 16, dtype=torch.uint8))
+
+
+def test_a_preempted_request_rescheduled_before_its_last_save_was_acked():
+    """The late ack belongs to the first incarnation's lease, not the new one's."""
+    bridge, kv, copier = engine()
+    tokens = list(range(50, 50 + 3 * B + 1))
+    bridge.open("a", tokens, 0, 0, [0, 1, 2, 3])
+    plan = bridge.plan([("a", tokens, len(tokens), [0, 1, 2, 3])])
+    bridge.open("a", tokens, 0, 0, [5, 6, 7, 8])          # preempted, scheduled again
+    forward(bridge, copier, plan, kv, {b: 1.0 for b in range(4)})
+    bridge.poll()
+    assert bridge.counters["published_pages"] == 3
+    bridge.finish("a")
+    bridge.cache.check_integrity()
+    assert bridge.lookup(tokens, 0) == 3 * B
+    bridge.close()

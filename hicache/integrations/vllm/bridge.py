@@ -86,7 +86,7 @@ class Bridge:
         self._pending_loads: list[CopyOp] = []
         self._failed_blocks: set[int] = set()
         self._save_ids = itertools.count()
-        self._saves: dict[int, tuple[str, int]] = {}      # save id -> (request, pages after it)
+        self._saves: dict[int, tuple[_Req, int]] = {}     # save id -> (request, pages after it)
         self._acks: "queue.SimpleQueue[tuple[int, bool]]" = queue.SimpleQueue()
         self._leases: dict[str, Lease] = {}               # read by the worker's waits
         self.counters = {k: 0 for k in ("lookups", "lookup_hit_tokens", "loaded_tokens", "load_failed_tokens",
@@ -157,7 +157,7 @@ class Bridge:
             pages = tuple(req.lease.page_table[req.planned:upto])
             blocks = tuple(int(b) for b in block_ids[req.planned:upto])
             sid = next(self._save_ids)
-            self._saves[sid] = (req_id, upto)
+            self._saves[sid] = (req, upto)
             req.planned, req.in_flight = upto, req.in_flight + 1
             req.tokens = np.array(tokens[:upto * self.P], dtype=np.int32)
             saves.append(CopyOp(req_id, sid, pages, blocks))
@@ -172,10 +172,7 @@ class Bridge:
                 sid, ok = self._acks.get_nowait()
             except queue.Empty:
                 break
-            req_id, upto = self._saves.pop(sid)
-            req = self._reqs.get(req_id)
-            if req is None:
-                continue
+            req, upto = self._saves.pop(sid)   # the incarnation that planned it, even if preempted since
             req.in_flight -= 1
             if ok:
                 self.counters["saved_pages"] += upto - req.published
@@ -184,7 +181,7 @@ class Bridge:
                 self.counters["save_failures"] += 1
                 req.saving = False
             if req.finished and req.in_flight == 0:
-                self._close(req_id)
+                self._close(req)
         self.cache.poll()
 
     def _publish(self, req: _Req, upto: int, why: Boundary) -> None:
@@ -206,17 +203,17 @@ class Bridge:
         """The request ended (or was preempted): publish what was saved, release the lease
         once the last step's copies are acked."""
         self.poll()
-        req = self._reqs.get(req_id)
+        req = self._reqs.pop(req_id, None)   # a new incarnation (preempted, rescheduled) starts afresh
         if req is None:
             return
+        if self._leases.get(req_id) is req.lease:
+            del self._leases[req_id]
         req.finished = True
         self.counters["finished"] += 1
         if req.in_flight == 0:
-            self._close(req_id)
+            self._close(req)
 
-    def _close(self, req_id: str) -> None:
-        req = self._reqs.pop(req_id)
-        self._leases.pop(req_id, None)
+    def _close(self, req: _Req) -> None:
         if req.published:
             self._publish(req, req.published, Boundary.FINISH)
         self.cache.release(req.lease)
@@ -234,9 +231,14 @@ class Bridge:
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
         self.poll()
-        for req_id in list(self._reqs):
-            self._reqs[req_id].in_flight = 0
-            self._close(req_id)
+        for req_id, req in list(self._reqs.items()):
+            req.in_flight = 0
+            self.finish(req_id)
+        for req, _ in list(self._saves.values()):   # finished, their last acks never came
+            if req.in_flight:
+                req.in_flight = 0
+                self._close(req)
+        self._saves.clear()
         self.cache.close()
 
     def stats(self) -> dict:
