@@ -21,10 +21,11 @@ GEOM = GroupGeometry("full", NAMES, B, H * B * 2 * D * 2)
 
 def engine(url: str = "memory://", **extra):
     """A bridge plus a vLLM-like KV cache (bf16 [blocks, heads, block, 2*head]) wired by a copier."""
-    cfg = connector_config({"storage_url": url, "device_bytes": "64KiB", "host_bytes": "256KiB",
-                            "host_reserve_bytes": "1MiB", "write_policy": "write_through",
-                            "prefetch_policy": "wait_complete", **extra}, model="tiny")
-    bridge = Bridge(HiCache(layout_for([GEOM], model="tiny"), cfg), B)
+    cfg, opts = connector_config({"storage_url": url, "device_bytes": "64KiB", "host_bytes": "256KiB",
+                                  "host_reserve_bytes": "1MiB", "write_policy": "write_through",
+                                  "prefetch_policy": "wait_complete", "prefetch_threshold_tokens": B, **extra},
+                                 model="tiny")
+    bridge = Bridge(HiCache(layout_for([GEOM], model="tiny"), cfg), B, **opts)
     kv = {n: torch.zeros(BLOCKS, H, B, 2 * D, dtype=torch.bfloat16) for n in NAMES}
     copier = BlockCopier(kv, NAMES, bridge.cache.pools.device.view("kv"))
     return bridge, kv, copier
@@ -85,15 +86,19 @@ def test_a_failed_save_publishes_nothing_and_a_short_lease_fails_the_promised_bl
 
 
 def test_config_inline_keys_file_and_refusals(tmp_path):
-    cfg = connector_config({"storage_url": "file:///tmp/x", "host_bytes": "8GiB"}, model="m")
+    cfg, opts = connector_config({"storage_url": "file:///tmp/x", "host_bytes": "8GiB"}, model="m")
+    assert opts == {"async_lookup": False}
     assert cfg.storage.url == "file:///tmp/x" and cfg.pools.host_layout == "page_first" and cfg.storage.salt == "m"
     f = tmp_path / "c.yaml"
     f.write_text("model: prod\ncache:\n  host_bytes: 1GiB\n  eviction: lfu\n")
-    cfg = connector_config({"config": str(f), "eviction": "lru"}, model="m")
+    cfg, opts = connector_config({"config": str(f), "eviction": "lru", "async_lookup": True}, model="m")
+    assert opts == {"async_lookup": True}
     assert cfg.pools.host_bytes == 1 << 30 and cfg.tree.eviction == "lru" and cfg.storage.salt == "prod"
     with pytest.raises(ConfigError, match="storage_ur") as e:
         connector_config({"storage_ur": "redis://u:secret@h/0"}, model="m")
     assert "secret" not in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="async_lookup"):
+        connector_config({"async_lookup": "yes"}, model="m")
     with pytest.raises(ConfigError, match="full-attention"):
         layout_for([GroupGeometry("sliding", NAMES, B, GEOM.block_bytes, 64)])
     with pytest.raises(ConfigError, match="blocks first"):
@@ -115,3 +120,35 @@ def test_a_preempted_request_rescheduled_before_its_last_save_was_acked():
     bridge.cache.check_integrity()
     assert bridge.lookup(tokens, 0) == 3 * B
     bridge.close()
+
+
+@pytest.mark.parametrize("async_lookup", [True, False])
+def test_a_prefix_only_l3_holds_is_found_by_a_fresh_cache(async_lookup):
+    """One cache writes through to L3; a fresh one on the same store finds the prefix: with
+    ``async_lookup`` the lookup answers None (ask again) until the L3 round trip is back,
+    never a wrong count; without it, at once."""
+    import uuid
+
+    url = f"memory://vllm-parts-{uuid.uuid4().hex[:8]}"
+    bridge, kv, copier = engine(url)
+    tokens = list(range(900, 900 + 4 * B + 5))
+    bridge.open("a", tokens, 0, 0, list(range(5)))
+    forward(bridge, copier, bridge.plan([("a", tokens, len(tokens), list(range(5)))]), kv, {b: 2.0 for b in range(5)})
+    bridge.finish("a")
+    bridge.cache.drain()
+    bridge2, kv2, copier2 = engine(url, async_lookup=async_lookup)
+    answers = []
+    for _ in range(2000):
+        answers.append(bridge2.lookup(tokens, 0, "b"))
+        if answers[-1] is not None:
+            break
+    assert answers[-1] == 4 * B and (async_lookup or answers == [4 * B]), answers
+    assert all(a is None for a in answers[:-1])
+    assert bridge2.counters["lookups_deferred"] == len(answers) - 1
+    bridge2.open("b", tokens, 0, 4 * B, [10, 11, 12, 13, 14])
+    forward(bridge2, copier2, bridge2.plan([("b", tokens, len(tokens), [10, 11, 12, 13, 14])]), kv2)
+    for name in NAMES:
+        assert torch.equal(kv2[name][10:14], kv[name][0:4])
+    bridge2.finish("b")
+    bridge.close()
+    bridge2.close()

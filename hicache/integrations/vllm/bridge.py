@@ -36,7 +36,7 @@ from typing import Sequence
 
 import numpy as np
 
-from hicache.cache import Boundary, HiCache, Lease
+from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.errors import HiCacheError
 
 log = logging.getLogger(__name__)
@@ -77,11 +77,13 @@ class _Req:
 class Bridge:
     """hicache behind one vLLM engine's KV blocks (see module doc)."""
 
-    def __init__(self, cache: HiCache, block_tokens: int):
+    def __init__(self, cache: HiCache, block_tokens: int, *, async_lookup: bool = False):
         if cache.page_tokens != block_tokens:
             raise HiCacheError(f"hicache page_tokens {cache.page_tokens} != vLLM block_size {block_tokens}")
         self.cache = cache
         self.P = block_tokens
+        self.async_lookup = async_lookup
+        self._prefetching: dict[str, Prefetch] = {}       # request -> its L3 lookup in flight
         self._reqs: dict[str, _Req] = {}
         self._pending_loads: list[CopyOp] = []
         self._failed_blocks: set[int] = set()
@@ -89,22 +91,31 @@ class Bridge:
         self._saves: dict[int, tuple[_Req, int]] = {}     # save id -> (request, pages after it)
         self._acks: "queue.SimpleQueue[tuple[int, bool]]" = queue.SimpleQueue()
         self._leases: dict[str, Lease] = {}               # read by the worker's waits
-        self.counters = {k: 0 for k in ("lookups", "lookup_hit_tokens", "loaded_tokens", "load_failed_tokens",
+        self.counters = {k: 0 for k in ("lookups", "lookups_deferred", "lookup_hit_tokens", "loaded_tokens", "load_failed_tokens",
                                         "saved_pages", "save_failures", "published_pages", "finished")}
 
     # -- scheduler: lookup and load ---------------------------------------------------------
-    def lookup(self, tokens: Sequence[int], vllm_tokens: int) -> int:
-        """Tokens hicache can add to vLLM's own (block-aligned) hit of ``vllm_tokens``.
+    def lookup(self, tokens: Sequence[int], vllm_tokens: int, req_id: str | None = None) -> int | None:
+        """Tokens hicache can add to vLLM's own (block-aligned) hit of ``vllm_tokens``, or
+        None: ask again next step (vLLM's contract), while the L3 lookup is in flight.
 
-        Pages only L3 holds are fetched into the host pool first (the configured prefetch
-        policy decides how long that may wait), so what is promised here is resident when
-        :meth:`open` leases it a moment later in the same scheduler step."""
+        Pages only L3 holds are fetched into the host pool first, so what is promised here
+        is resident when :meth:`open` leases it a moment later in the same scheduler step.
+        With ``async_lookup`` (and a ``req_id`` to remember it by) the L3 existence round
+        trip never blocks the scheduler; the fetch of what it found waits as the configured
+        prefetch policy says."""
         self.counters["lookups"] += 1
         toks = np.asarray(tokens, dtype=np.int32)
         m = self.cache.match(toks)
-        if m.l3_hashes and m.resume_tokens == m.history_tokens:
+        pf = self._prefetching.pop(req_id, None) if req_id is not None else None
+        if pf is None and m.l3_hashes:
             pf = self.cache.prefetch(m)
-            if pf is not None and self.cache.finish_prefetch(pf):
+        if pf is not None:
+            if self.async_lookup and req_id is not None and not pf.op.wait_planned(0):
+                self._prefetching[req_id] = pf
+                self.counters["lookups_deferred"] += 1
+                return None
+            if self.cache.finish_prefetch(pf):
                 m = self.cache.match(toks)
         extra = max(0, m.resume_tokens - vllm_tokens)
         self.counters["lookup_hit_tokens"] += extra
@@ -203,6 +214,7 @@ class Bridge:
         """The request ended (or was preempted): publish what was saved, release the lease
         once the last step's copies are acked."""
         self.poll()
+        self.cache.cancel_prefetch(self._prefetching.pop(req_id, None))   # aborted while looked up
         req = self._reqs.pop(req_id, None)   # a new incarnation (preempted, rescheduled) starts afresh
         if req is None:
             return
@@ -231,6 +243,9 @@ class Bridge:
     # -- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
         self.poll()
+        for pf in self._prefetching.values():
+            self.cache.cancel_prefetch(pf)
+        self._prefetching.clear()
         for req_id, req in list(self._reqs.items()):
             req.in_flight = 0
             self.finish(req_id)

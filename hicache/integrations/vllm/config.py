@@ -2,10 +2,11 @@
 -> a hicache layout and config (no vLLM import: vLLM's KV cache groups arrive as
 :class:`GroupGeometry`).
 
-The extra config is the ``cache:`` section of a hicache config file, inline, plus one key
-of its own::
+The extra config is the ``cache:`` section of a hicache config file, inline, plus keys of
+its own::
 
     {"config": "/etc/hicache/vllm.yaml",          # optional: a config file's cache: section
+     "async_lookup": false,                       # true: L3 lookups never block the scheduler
      "storage_url": "file:///mnt/kvcache", "host_bytes": "8GiB"}   # inline keys win
 
 The layout never comes from the file: vLLM decides it (its groups, block size, dtype), so
@@ -14,6 +15,13 @@ that differ from a plain ``HiCacheConfig`` because of where the connector sits:
 ``host_layout: page_first`` (L3 fetches land in host objects) and a 256 MiB staging pool
 (``device_bytes``; a page lives there from the step vLLM computes it until hicache moves it
 to host, so it holds the running requests' pages, not the cache).
+
+``async_lookup`` is off by default: a request whose pages L3 may hold then waits in the
+scheduler for the existence round trip (bounded by the store's timeout and breaker), and
+vLLM schedules exactly as it would without L3. On, vLLM is told "ask again" until the
+answer is back, so the request waits a step or more while others run; the batches then
+differ from a run without hicache, and so (bf16 rounding of other chunkings) may greedy
+tokens.
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, FamilySpec, read_config_file
 
 DEFAULTS = {"host_layout": "page_first", "device_bytes": "256MiB", "device": "cpu"}
-OWN_KEYS = ("config",)
+OWN_KEYS = ("config", "async_lookup")
 
 
 @dataclass(frozen=True)
@@ -67,10 +75,14 @@ def layout_for(groups: Sequence[GroupGeometry], model: str = "") -> CacheLayout:
     return CacheLayout(families=tuple(families), page_tokens=groups[0].block_tokens, model=model)
 
 
-def connector_config(extra: Mapping[str, Any] | None, *, model: str) -> HiCacheConfig:
-    """The cache config: defaults, then the file's ``cache:`` section, then inline keys.
-    Unknown keys fail in one line naming the key (``cache_config_from_mapping``)."""
+def connector_config(extra: Mapping[str, Any] | None, *, model: str) -> tuple[HiCacheConfig, dict[str, Any]]:
+    """The cache config (defaults, then the file's ``cache:`` section, then inline keys) and
+    the connector's own options. Unknown keys fail in one line naming the key
+    (``cache_config_from_mapping``)."""
     extra = dict(extra or {})
+    async_lookup = extra.pop("async_lookup", False)
+    if not isinstance(async_lookup, bool):
+        raise ConfigError("kv_connector_extra_config.async_lookup", async_lookup, "must be true or false")
     section: dict[str, Any] = dict(DEFAULTS)
     path = extra.pop("config", None)
     if path is not None:
@@ -83,4 +95,5 @@ def connector_config(extra: Mapping[str, Any] | None, *, model: str) -> HiCacheC
         section.update(file_section)
         model = str(data.get("model") or model)
     section.update(extra)
-    return cache_config_from_mapping(section, model=model, source="kv_connector_extra_config")
+    cfg = cache_config_from_mapping(section, model=model, source="kv_connector_extra_config")
+    return cfg, {"async_lookup": async_lookup}

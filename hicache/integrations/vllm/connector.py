@@ -78,8 +78,8 @@ def _acquire(vllm_config: Any, kv_cache_config: Any) -> tuple[str, Bridge]:
             model = f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}"
             groups = _geometry(kv_cache_config)
             layout = layout_for(groups, model=str(vllm_config.model_config.model))
-            cfg = connector_config(vllm_config.kv_transfer_config.kv_connector_extra_config, model=model)
-            entry = _BRIDGES[engine_id] = [Bridge(HiCache(layout, cfg), groups[0].block_tokens), 0]
+            cfg, opts = connector_config(vllm_config.kv_transfer_config.kv_connector_extra_config, model=model)
+            entry = _BRIDGES[engine_id] = [Bridge(HiCache(layout, cfg), groups[0].block_tokens, **opts), 0]
         entry[1] += 1
         return engine_id, entry[0]
 
@@ -200,7 +200,7 @@ class HiCacheConnector(KVConnectorBase_V1):
     # -- scheduler side ---------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._asked[request.request_id] = num_computed_tokens
-        return self.bridge.lookup(request.all_token_ids, num_computed_tokens), False
+        return self.bridge.lookup(request.all_token_ids, num_computed_tokens, request.request_id), False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         # vLLM sets request.num_computed_tokens after this call: the external tokens start
