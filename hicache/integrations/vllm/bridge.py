@@ -1,0 +1,266 @@
+"""The scheduler's half of :class:`~hicache.integrations.vllm.connector.HiCacheConnector`,
+written against hicache alone (no vLLM import), so it can be tested without an engine.
+
+vLLM's paged KV blocks are L1. hicache keeps what vLLM computed in its radix tree, its own
+pool (the facade's "device" tier, here a staging pool in the worker's memory), its host
+pool and L3. One hicache page is one vLLM block (``page_tokens == block_size``), so a page
+maps to a block with no re-chunking. Per request::
+
+    lookup()   get_num_new_matched_tokens: hicache's match (fetching L3 pages into the
+               host pool first) beyond the blocks vLLM already holds
+    open()     update_state_after_alloc: lease the prefix (hicache queues its host->pool
+               copies), plan a copy of pages [vLLM hit, hicache hit) into the new blocks
+    plan()     build_connector_meta: pages that become whole this step get hicache pages,
+               the worker copies blocks -> pages after each layer's attention
+    ack()      the worker finished a step's copies: publish them (mid-flight, so sibling
+               requests reuse them at once); failed ones stop that request's saving
+    finish()   request_finished: publish to the last whole page, release the lease
+
+Why a staging pool instead of hicache reading vLLM's blocks directly: hicache's tree,
+eviction and batched host/L3 copies all work on the pages of its own pools; a request's
+pages are copied out of vLLM's blocks once (one indexed copy per layer per step) and from
+then on every tier move is hicache's, whatever vLLM does with the blocks.
+
+Thread contract: every call here but :meth:`Bridge.wait_load` and
+:meth:`Bridge.report_saves` is made on vLLM's scheduler thread, which is the engine thread
+hicache's facade expects. The worker (same process) only waits on leases and copies bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from hicache.cache import Boundary, HiCache, Lease, Prefetch
+from hicache.errors import HiCacheError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CopyOp:
+    """One request's pages <-> blocks for one step. ``key``: the save id the worker acks
+    (a save), or 0 (a load: the worker waits on ``req``'s lease)."""
+
+    req: str
+    key: int
+    pages: tuple[int, ...]
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the worker does this step. ``failed``: blocks promised to vLLM that hicache
+    could not lease after all; the worker reports them as load errors (vLLM recomputes)."""
+
+    loads: tuple[CopyOp, ...] = ()
+    saves: tuple[CopyOp, ...] = ()
+    failed: tuple[int, ...] = ()
+
+
+@dataclass(eq=False)
+class _Req:
+    lease: Lease
+    planned: int                     # pages given hicache pages (published or in flight)
+    published: int = 0
+    in_flight: int = 0               # save ops not acked yet
+    saving: bool = True
+    finished: bool = False
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+
+
+class Bridge:
+    """hicache behind one vLLM engine's KV blocks (see module doc)."""
+
+    def __init__(self, cache: HiCache, block_tokens: int, *, async_lookup: bool = False):
+        if cache.page_tokens != block_tokens:
+            raise HiCacheError(f"hicache page_tokens {cache.page_tokens} != vLLM block_size {block_tokens}")
+        self.cache = cache
+        self.P = block_tokens
+        self.async_lookup = async_lookup
+        self._prefetching: dict[str, Prefetch] = {}       # request -> its L3 lookup in flight
+        self._reqs: dict[str, _Req] = {}
+        self._pending_loads: list[CopyOp] = []
+        self._failed_blocks: set[int] = set()
+        self._save_ids = itertools.count()
+        self._saves: dict[int, tuple[_Req, int]] = {}     # save id -> (request, pages after it)
+        self._acks: "queue.SimpleQueue[tuple[int, bool]]" = queue.SimpleQueue()
+        self._leases: dict[str, Lease] = {}               # read by the worker's waits
+        self.counters = {k: 0 for k in ("lookups", "lookups_deferred", "lookup_hit_tokens", "loaded_tokens", "load_failed_tokens",
+                                        "saved_pages", "save_failures", "published_pages", "finished")}
+
+    # -- scheduler: lookup and load ---------------------------------------------------------
+    def lookup(self, tokens: Sequence[int], vllm_tokens: int, req_id: str | None = None) -> int | None:
+        """Tokens hicache can add to vLLM's own (block-aligned) hit of ``vllm_tokens``, or
+        None: ask again next step (vLLM's contract), while the L3 lookup is in flight.
+
+        Pages only L3 holds are fetched into the host pool first, so what is promised here
+        is resident when :meth:`open` leases it a moment later in the same scheduler step.
+        With ``async_lookup`` (and a ``req_id`` to remember it by) the L3 existence round
+        trip never blocks the scheduler; the fetch of what it found waits as the configured
+        prefetch policy says."""
+        self.counters["lookups"] += 1
+        toks = np.asarray(tokens, dtype=np.int32)
+        m = self.cache.match(toks)
+        pf = self._prefetching.pop(req_id, None) if req_id is not None else None
+        if pf is None and m.l3_hashes:
+            pf = self.cache.prefetch(m)
+        if pf is not None:
+            if self.async_lookup and req_id is not None and not pf.op.wait_planned(0):
+                self._prefetching[req_id] = pf
+                self.counters["lookups_deferred"] += 1
+                return None
+            if self.cache.finish_prefetch(pf):
+                m = self.cache.match(toks)
+        extra = max(0, m.resume_tokens - vllm_tokens)
+        self.counters["lookup_hit_tokens"] += extra
+        return extra
+
+    def open(self, req_id: str, tokens: Sequence[int], vllm_tokens: int, external: int,
+             block_ids: Sequence[int]) -> None:
+        """vLLM allocated ``block_ids`` for ``req_id``, of which ``external`` tokens past its
+        own ``vllm_tokens`` are ours to fill: lease the prefix and plan the copy. What the
+        lease cannot cover (evicted since the lookup) becomes failed blocks, which vLLM
+        recomputes."""
+        if req_id in self._reqs:          # preempted and scheduled again
+            self.finish(req_id)
+        toks = np.array(tokens, dtype=np.int32)
+        lease = self.cache.load(self.cache.match(toks))
+        req = _Req(lease, planned=lease.resume_pages, tokens=toks)
+        self._reqs[req_id] = req
+        self._leases[req_id] = lease
+        if external <= 0:
+            return
+        first, last = vllm_tokens // self.P, (vllm_tokens + external) // self.P
+        have = min(last, lease.resume_pages)
+        if have > first:
+            self._pending_loads.append(CopyOp(req_id, 0, tuple(lease.page_table[first:have]),
+                                              tuple(int(b) for b in block_ids[first:have])))
+            self.counters["loaded_tokens"] += (have - first) * self.P
+        if last > max(have, first):
+            self._failed_blocks.update(int(b) for b in block_ids[max(have, first):last])
+            self.counters["load_failed_tokens"] += (last - max(have, first)) * self.P
+            req.saving = False   # this step computes on blocks vLLM will recompute: keep none of it
+
+    # -- scheduler: saves -------------------------------------------------------------------
+    def plan(self, steps: Sequence[tuple[str, Sequence[int], int, Sequence[int]]]) -> StepPlan:
+        """This step's copies. ``steps``: per scheduled request, (id, its tokens so far, the
+        tokens whose KV exists once this step ran, its block ids). A page whole after this
+        step gets a hicache page now; the worker fills it from the block."""
+        self.poll()
+        saves = []
+        for req_id, tokens, computed, block_ids in steps:
+            req = self._reqs.get(req_id)
+            if req is None or not req.saving:
+                continue
+            upto = min(computed, len(tokens)) // self.P
+            n = upto - req.planned
+            if n <= 0:
+                continue
+            if not self.cache.alloc_pages(req.lease, n).ok:
+                req.saving = False        # hicache's pool is full of running requests' pages
+                continue
+            pages = tuple(req.lease.page_table[req.planned:upto])
+            blocks = tuple(int(b) for b in block_ids[req.planned:upto])
+            sid = next(self._save_ids)
+            self._saves[sid] = (req, upto)
+            req.planned, req.in_flight = upto, req.in_flight + 1
+            req.tokens = np.array(tokens[:upto * self.P], dtype=np.int32)
+            saves.append(CopyOp(req_id, sid, pages, blocks))
+        loads, self._pending_loads = tuple(self._pending_loads), []
+        failed, self._failed_blocks = tuple(sorted(self._failed_blocks)), set()
+        return StepPlan(loads, tuple(saves), failed)
+
+    def poll(self) -> None:
+        """Apply the worker's acks (publish) and hicache's finished copies."""
+        while True:
+            try:
+                sid, ok = self._acks.get_nowait()
+            except queue.Empty:
+                break
+            req, upto = self._saves.pop(sid)   # the incarnation that planned it, even if preempted since
+            req.in_flight -= 1
+            if ok:
+                self.counters["saved_pages"] += upto - req.published
+                self._publish(req, upto, Boundary.PREFILL)
+            else:
+                self.counters["save_failures"] += 1
+                req.saving = False
+            if req.finished and req.in_flight == 0:
+                self._close(req)
+        self.cache.poll()
+
+    def _publish(self, req: _Req, upto: int, why: Boundary) -> None:
+        if not req.saving or upto < req.published:
+            return
+        lease = req.lease
+        if not lease.wait() or not lease.ok:   # its own loads failed: nothing to publish past them
+            req.saving = False
+            return
+        try:
+            self.cache.publish(lease, req.tokens[:upto * self.P], upto, why=why)
+            self.counters["published_pages"] += upto - req.published
+            req.published = upto
+        except HiCacheError as exc:            # a bug in the plan, never the engine's problem
+            log.warning("hicache vLLM connector: publish failed (%s); saving stops for this request", exc)
+            req.saving = False
+
+    def finish(self, req_id: str) -> None:
+        """The request ended (or was preempted): publish what was saved, release the lease
+        once the last step's copies are acked."""
+        self.poll()
+        self.cache.cancel_prefetch(self._prefetching.pop(req_id, None))   # aborted while looked up
+        req = self._reqs.pop(req_id, None)   # a new incarnation (preempted, rescheduled) starts afresh
+        if req is None:
+            return
+        if self._leases.get(req_id) is req.lease:
+            del self._leases[req_id]
+        req.finished = True
+        self.counters["finished"] += 1
+        if req.in_flight == 0:
+            self._close(req)
+
+    def _close(self, req: _Req) -> None:
+        if req.published:
+            self._publish(req, req.published, Boundary.FINISH)
+        self.cache.release(req.lease)
+
+    # -- worker (same process, the forward thread) ------------------------------------------
+    def wait_load(self, req_id: str, layer: int) -> bool:
+        """Block until layer ``layer`` of ``req_id``'s leased prefix is in hicache's pool."""
+        lease = self._leases.get(req_id)
+        return lease is not None and lease.wait(layer=layer)
+
+    def report_saves(self, results: Sequence[tuple[int, bool]]) -> None:
+        for r in results:
+            self._acks.put(r)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        self.poll()
+        for pf in self._prefetching.values():
+            self.cache.cancel_prefetch(pf)
+        self._prefetching.clear()
+        for req_id, req in list(self._reqs.items()):
+            req.in_flight = 0
+            self.finish(req_id)
+        for req, _ in list(self._saves.values()):   # finished, their last acks never came
+            if req.in_flight:
+                req.in_flight = 0
+                self._close(req)
+        self._saves.clear()
+        self.cache.close()
+
+    def stats(self) -> dict:
+        out = dict(self.counters)
+        s = self.cache.stats()
+        for k in ("hit_tokens", "match_tokens", "loaded_pages", "l3_hit_tokens", "l3_prefetched_pages",
+                  "l3_put_objects", "hit_rate"):
+            out[f"cache_{k}"] = s[k]
+        out["l3_rejected"], out["l3_errors"] = s["l3_rejected"], s["l3_errors"]
+        return out

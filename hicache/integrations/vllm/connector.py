@@ -1,0 +1,244 @@
+"""``HiCacheConnector``: hicache as vLLM's host and L3 KV tiers, a ``KVConnectorBase_V1``.
+
+vLLM loads it by module path, no fork or registration::
+
+    LLM(model, kv_transfer_config=KVTransferConfig(
+        kv_connector="HiCacheConnector", kv_connector_module_path="hicache.integrations.vllm.connector",
+        kv_role="kv_both", kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"storage_url": "file:///mnt/kvcache", "host_bytes": "8GiB"}))
+
+vLLM's paged blocks are L1; hicache's radix tree, host pool and L3 keep what vLLM computed
+(:mod:`~hicache.integrations.vllm.bridge` has the per-request protocol). The scheduler side
+answers ``get_num_new_matched_tokens`` from hicache's match past vLLM's own prefix hit,
+leases the prefix in ``update_state_after_alloc`` and ships a :class:`StepPlan` in the
+connector metadata; the worker side copies pages into the allocated blocks layer by layer
+(``wait_for_layer_load`` waits only for that layer's host->pool copy) and copies the
+blocks each step completes out after each layer's attention (``save_kv_layer``), one
+batched copy per layer; ``wait_for_save`` acks them and the scheduler publishes.
+
+Both sides share one :class:`~.bridge.Bridge` per engine (keyed by vLLM's engine id):
+with one worker (tensor and pipeline parallel size 1) vLLM runs the scheduler and the
+worker in one process, in-process or in its engine-core process alike. More workers are
+refused at start (their pages would live in other processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Optional
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
+                                                                   KVConnectorRole)
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+except ImportError as exc:  # this module is what vLLM loads; hicache itself never imports it
+    raise ImportError(f"hicache.integrations.vllm.connector needs vLLM with KVConnectorBase_V1 (vllm>=0.32): "
+                      f"{exc}") from exc
+
+from hicache.cache import HiCache
+from hicache.errors import ConfigError
+from hicache.integrations.vllm.blocks import BlockCopier
+from hicache.integrations.vllm.bridge import Bridge, StepPlan
+from hicache.integrations.vllm.config import GroupGeometry, connector_config, layout_for
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+_LOCK = threading.Lock()
+_BRIDGES: dict[str, list] = {}   # engine id -> [Bridge, sides holding it]
+
+
+def bridge_for(engine_id: str) -> Optional[Bridge]:
+    """The live bridge of an engine (tests and benchmarks read its counters)."""
+    with _LOCK:
+        entry = _BRIDGES.get(engine_id)
+        return entry[0] if entry else None
+
+
+def _geometry(kv_cache_config: Any) -> list[GroupGeometry]:
+    out = []
+    for g in kv_cache_config.kv_cache_groups:
+        spec = g.kv_cache_spec
+        kind = ("sliding" if isinstance(spec, SlidingWindowSpec)
+                else "full" if isinstance(spec, FullAttentionSpec) else type(spec).__name__)
+        out.append(GroupGeometry(kind, tuple(g.layer_names), spec.block_size, spec.page_size_bytes,
+                                 getattr(spec, "sliding_window", None)))
+    return out
+
+
+def _acquire(vllm_config: Any, kv_cache_config: Any) -> tuple[str, Bridge]:
+    engine_id = vllm_config.kv_transfer_config.engine_id
+    with _LOCK:
+        entry = _BRIDGES.get(engine_id)
+        if entry is None:
+            model = f"{vllm_config.model_config.model}|{vllm_config.model_config.dtype}"
+            groups = _geometry(kv_cache_config)
+            layout = layout_for(groups, model=str(vllm_config.model_config.model))
+            cfg, opts = connector_config(vllm_config.kv_transfer_config.kv_connector_extra_config, model=model)
+            entry = _BRIDGES[engine_id] = [Bridge(HiCache(layout, cfg), groups[0].block_tokens, **opts), 0]
+        entry[1] += 1
+        return engine_id, entry[0]
+
+
+def _drop(engine_id: str) -> None:
+    with _LOCK:
+        entry = _BRIDGES.get(engine_id)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] > 0:
+            return
+        del _BRIDGES[engine_id]
+    entry[0].close()
+
+
+@dataclass
+class HiCacheConnectorMetadata(KVConnectorMetadata):
+    plan: StepPlan = field(default_factory=StepPlan)
+
+
+class HiCacheStats(KVConnectorStats):
+    """The bridge's counters since the last report (lookups, tokens promised and loaded,
+    pages saved and published, failures), summed over an interval by vLLM's logger."""
+
+    def reset(self) -> None:
+        self.data: dict[str, Any] = {}
+
+    def aggregate(self, other: Any) -> "HiCacheStats":
+        for k, v in other.data.items():
+            self.data[k] = self.data.get(k, 0) + v
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class HiCacheConnector(KVConnectorBase_V1):
+    """hicache behind vLLM's paged KV (see module doc)."""
+
+    def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        par = vllm_config.parallel_config
+        if par.world_size > 1:
+            raise ConfigError("parallel_config.world_size", par.world_size,
+                              "HiCacheConnector serves one worker (tensor and pipeline parallel size 1)")
+        self._engine_id, self.bridge = _acquire(vllm_config, kv_cache_config)
+        self._groups = _geometry(kv_cache_config)
+        self._copier: Optional[BlockCopier] = None
+        self._failed: set[int] = set()
+        self._failed_reqs: set[str] = set()
+        self._saved_layers: dict[int, int] = {}
+        self._reported: dict[str, int] = {}
+        self._live: dict[str, Any] = {}   # scheduler: running requests (vLLM's objects, live)
+        self._asked: dict[str, int] = {}  # scheduler: the local hit each lookup was asked past
+        self._closed = False
+
+    # -- worker side ------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        family = self.bridge.cache.layout.families[0].name
+        self._copier = BlockCopier(kv_caches, self._groups[0].layers, self.bridge.cache.pools.device.view(family))
+
+    def _plan(self) -> StepPlan:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, HiCacheConnectorMetadata), type(meta)
+        return meta.plan
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Nothing to start: the scheduler's lease already queued hicache's host->pool
+        copies; each layer is copied into vLLM's blocks when its attention asks for it."""
+        self._failed_reqs = set()
+        self._failed.update(self._plan().failed)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        plan = self._plan()
+        if not plan.loads or self._copier is None or layer_name not in self._copier.layer_of:
+            return
+        layer = self._copier.layer_of[layer_name]
+        pages: list[int] = []
+        blocks: list[int] = []
+        for op in plan.loads:
+            if op.req in self._failed_reqs or not self.bridge.wait_load(op.req, layer):
+                self._failed_reqs.add(op.req)
+                self._failed.update(op.blocks)
+                continue
+            pages.extend(op.pages)
+            blocks.extend(op.blocks)
+        self._copier.load(layer, pages, blocks)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
+        plan = self._plan()
+        if not plan.saves or self._copier is None or layer_name not in self._copier.layer_of:
+            return
+        layer = self._copier.layer_of[layer_name]
+        pages = [p for op in plan.saves for p in op.pages]
+        blocks = [b for op in plan.saves for b in op.blocks]
+        self._copier.save(layer, pages, blocks, kv_layer)
+        for op in plan.saves:
+            self._saved_layers[op.key] = self._saved_layers.get(op.key, 0) + 1
+
+    def wait_for_save(self) -> None:
+        """The copies ran synchronously in ``save_kv_layer``; a save is good when every layer
+        was copied and its request's loads did not fail this step."""
+        if not self.has_connector_metadata():
+            return
+        plan = self._plan()
+        n = len(self._groups[0].layers)
+        self.bridge.report_saves([(op.key, self._saved_layers.pop(op.key, 0) == n and op.req not in self._failed_reqs)
+                                  for op in plan.saves])
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        out, self._failed = self._failed, set()
+        return out
+
+    # -- scheduler side ---------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        self._asked[request.request_id] = num_computed_tokens
+        return self.bridge.lookup(request.all_token_ids, num_computed_tokens, request.request_id), False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        # vLLM sets request.num_computed_tokens after this call: the external tokens start
+        # at the block-aligned local hit it showed get_num_new_matched_tokens.
+        local = self._asked.pop(request.request_id, 0) if num_external_tokens else 0
+        self._live[request.request_id] = request
+        self.bridge.open(request.request_id, request.all_token_ids, local, num_external_tokens,
+                         blocks.get_block_ids()[0])
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self._kv_cache_manager is not None, "vLLM binds the KV cache manager before scheduling"
+        steps = []
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            req = self._live.get(req_id)
+            if req is not None:   # num_computed_tokens is still the count before this step
+                steps.append((req_id, req.all_token_ids, req.num_computed_tokens + n,
+                              self._kv_cache_manager.get_block_ids(req_id)[0]))
+        return HiCacheConnectorMetadata(self.bridge.plan(steps))
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Publish and release. The blocks can go at once: every page hicache keeps was
+        copied out of them during the forward that computed it."""
+        self._live.pop(request.request_id, None)
+        self._asked.pop(request.request_id, None)
+        self.bridge.finish(request.request_id)
+        return False, None
+
+    def get_kv_connector_stats(self) -> Optional[HiCacheStats]:
+        now = self.bridge.stats()
+        delta = {k: v - self._reported.get(k, 0) for k, v in now.items() if isinstance(v, int)}
+        self._reported = {k: v for k, v in now.items() if isinstance(v, int)}
+        return HiCacheStats(data=delta)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Optional[HiCacheStats]:
+        return HiCacheStats(data=dict(data or {}))
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            _drop(self._engine_id)
