@@ -21,8 +21,7 @@ from pathlib import Path
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
 from hicache.storage import ObjectKeys, mask_url, open_backend
-from hicache.storage import check_namespace, purge, survey, verify
-from hicache.storage.survey import MAC_UNCHECKED
+from hicache.storage import MAC_UNCHECKED, check_namespace, purge, survey, verify
 from hicache.units import format_bytes
 
 
