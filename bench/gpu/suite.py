@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.gpu import report
@@ -86,27 +86,25 @@ class Step:
     argv: tuple[str, ...]
     timeout_s: int
     kind: str                  # env | tests | replay | replay_tiny | transfer | overlap
-    env: dict[str, str] = field(default_factory=dict)
 
 
 def plan(device: str, junit: Path, test_paths: tuple[str, ...] = ("tests",)) -> list[Step]:
     """The steps and their sizes: full on CUDA, small on the CPU dry run (same commands)."""
     gpu = device == "cuda"
     marker = "gpu" if gpu else "cpu_half"
-    cli = CLI
     v4_pages, llama_pages = (1024, 32) if gpu else (8, 1)     # ~1.2 / 1.0 GiB per direction on CUDA
     reps = "5" if gpu else "1"
     # The figures first: they take about two minutes and are what the machine is for; a
     # test that hangs then costs the tests step its time box, not the measurements.
     return [
         Step("env", (sys.executable, "-c", ENV_PROBE), 60, "env"),
-        Step("transfer-v4-flash", cli + ("bench", "transfer", "--device", device, "--config", "deepseek-v4-flash",
+        Step("transfer-v4-flash", CLI + ("bench", "transfer", "--device", device, "--config", "deepseek-v4-flash",
                                          "--pages", str(v4_pages), "--reps", reps, "--duplex", "--json"),
              120, "transfer"),
-        Step("transfer-llama-3.1-8b", cli + ("bench", "transfer", "--device", device, "--config", "llama-3.1-8b",
+        Step("transfer-llama-3.1-8b", CLI + ("bench", "transfer", "--device", device, "--config", "llama-3.1-8b",
                                              "--pages", str(llama_pages), "--reps", reps, "--duplex", "--json"),
              120, "transfer"),
-        Step("overlap", cli + ("bench", "overlap", "--device", device, "--config", "deepseek-v4-flash",
+        Step("overlap", CLI + ("bench", "overlap", "--device", device, "--config", "deepseek-v4-flash",
                                "--pages", "512" if gpu else "16", "--reps", reps, "--json"), 90, "overlap"),
         # -v: a line per test as it ends, so a run killed at its timeout (no JUnit file then)
         # still says which passed; faulthandler prints the stacks of a test that hangs; a
@@ -115,9 +113,9 @@ def plan(device: str, junit: Path, test_paths: tuple[str, ...] = ("tests",)) -> 
                        "-p", "no:cacheprovider", "-o", "faulthandler_timeout=120",
                        "--continue-on-collection-errors", f"--junitxml={junit}"),
              200 if gpu else 150, "tests"),
-        Step("replay", cli + ("replay", "--device", device, "--conversations", "24" if gpu else "3",
+        Step("replay", CLI + ("replay", "--device", device, "--conversations", "24" if gpu else "3",
                               "--verify", "full", "--quiet", "--json"), 120, "replay"),
-        Step("replay-tiny", cli + ("replay", "--model", "tiny", "--device", device,
+        Step("replay-tiny", CLI + ("replay", "--model", "tiny", "--device", device,
                                    "--conversations", "6" if gpu else "2", "--quiet", "--json"), 120,
              "replay_tiny"),
     ]
@@ -171,7 +169,7 @@ class Suite:
         argv = list(step.argv)
         if shutil.which("timeout"):   # coreutils: signals the step's whole process group
             argv = ["timeout", "-k", str(KILL_AFTER_S), str(limit)] + argv
-        env = {**os.environ, **step.env, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if self.device == "cuda":
             env.pop("TRITON_INTERPRET", None)   # the compiled kernel, never the interpreter
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)

@@ -43,7 +43,7 @@ from hicache.cache.results import AdmitCounters
 from hicache.config import NO_L3, AdmitConfig
 from hicache.layout import CacheLayout
 from hicache.pools import TieredPools, TierPools
-from hicache.storage import L3Store, PutTicket
+from hicache.storage import L3Store, PutTicket, memory_store_name
 from hicache.tree import Snapshot, TreeNode
 
 GB = 1e9
@@ -80,7 +80,7 @@ def admission_active(cfg: AdmitConfig, url: str) -> bool:
     admission would only fill its capacity with chains still on the device or host (the
     main job: L3 hits 9.0% -> 1.4%). Shared or lasting stores (memory://NAME, file://,
     Redis) admit."""
-    private = url == "memory://" or url.startswith("memory://?")
+    private = memory_store_name(url) == ""
     return cfg.mode != "off" and url != NO_L3 and not private
 
 

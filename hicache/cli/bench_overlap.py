@@ -27,7 +27,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from hicache.cli.bench_pools import (Check, add_copy_arguments, check_host_memory, device_name, fill, full_pools,
+from hicache.cli.bench_pools import (Check, add_copy_arguments, check_host_memory, device_name, fill, full_pools, pairs,
                                      progress_printer)
 from hicache.cli.common import at_least, print_json, resolve_config
 from hicache.cli.table import render_table
@@ -123,9 +123,9 @@ def _run(args: argparse.Namespace) -> int:
     pools = full_pools(layout, device, host_layout, cap, 1)
     fill(pools.host, 2)
     rng = np.random.default_rng(0)
-    src, dst = rng.permutation(cap)[:args.pages], rng.permutation(cap)[:args.pages]
+    src, dst = pairs(rng, args.pages, cap), pairs(rng, args.pages, cap)
     ctl = TransferController(pools, tcfg)
-    load = _Load(ctl, src.astype(np.int64), dst.astype(np.int64))
+    load = _Load(ctl, src, dst)
     layers = sorted({l for f in layout.families_on("page") for l in f.layer_ids})
     _progress(f"{layout.model or args.config}: {args.pages} pages = {format_bytes(total)} over "
               f"{len(layers)} layers on {device}, host {host_layout}")

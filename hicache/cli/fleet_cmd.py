@@ -28,7 +28,7 @@ from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, add_cache_args, add_engi
 from hicache.cli.table import render_table
 from hicache.config import NO_L3
 from hicache.errors import HiCacheError
-from hicache.storage import mask_url
+from hicache.storage import mask_url, memory_store_name, with_memory_store_name
 from hicache.units import format_bytes
 
 
@@ -84,8 +84,9 @@ def _total(rows: list[dict]) -> dict:
                                                 "mismatched_pages", "verified_pages", "l3_admit_bytes",
                                                 "l3_admit_skipped_existing", "l3_errors")}
     out["hit_rate"] = round(out["hit_tokens"] / out["prompt_tokens"], 4) if out["prompt_tokens"] else 0.0
-    means = [r["ttft_mean_s"] for r in rows if r["ttft_mean_s"] is not None]
-    out["ttft_mean_s"] = round(statistics.fmean(means), 4) if means else None
+    timed = [(r["ttft_mean_s"], r["requests"]) for r in rows if r["ttft_mean_s"] is not None and r["requests"]]
+    # per request, not per engine: engines serve different numbers of requests
+    out["ttft_mean_s"] = round(statistics.fmean([m for m, _ in timed], weights=[n for _, n in timed]), 4) if timed else None
     return out
 
 
@@ -117,12 +118,12 @@ def _purge(url: str, layout, salt: str) -> bool:
     and the run's figures still count; False then."""
     if url == NO_L3 or url.startswith("memory://"):
         return True
-    from hicache.storage import L3Store, open_backend, purge
+    from hicache.storage import make_namespace, open_backend, purge
 
     try:
         backend = open_backend(url)
         try:
-            purge(backend, L3Store(backend, layout.fingerprint, salt).namespace)
+            purge(backend, make_namespace(layout.fingerprint, salt))
         finally:
             backend.close()
     except HiCacheError:
@@ -137,8 +138,8 @@ def run(args: argparse.Namespace) -> int:
     ecfg = engine_config(args, path)
     work = load_requests(args)
     url = cfg.storage.url
-    if url == "memory://":
-        url = "memory://fleet"   # one store shared by the engines of this process
+    if memory_store_name(url) == "":
+        url = with_memory_store_name(url, "fleet")   # one store shared by the engines of this process
     out: dict[str, Any] = {"config": path.stem, "workload": work.name, "routing": args.routing, "engines": n}
     out["fleet"] = _fleet_once(args, layout, cfg, ecfg, work, n, "fleet", url)
     if args.baselines:

@@ -12,7 +12,6 @@ import numpy as np
 from hicache.cli.common import print_json
 from hicache.cli.table import render_table
 from hicache.errors import ConfigError
-from hicache.pools import resolve_device
 from hicache.storage import mask_url
 from hicache.units import format_bytes
 
@@ -171,7 +170,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_landed_pages": sum(r.l3_landed_pages for r in recs),
         "verify": ecfg.verify,
         "bytes": cache.config.pools.bytes_mode,   # none: a policy-only run (nothing moved or verified)
-        "device": str(resolve_device(cache.config.pools.device)),   # where the device tier's pools live
+        "device": str(cache.pools.device.device),   # where the device tier's pools live
         "copy_landing": ecfg.copy_landing,
         "clock": dataclasses.asdict(ecfg.clock),
         "virtual_s": round(report.virtual_s, 3),

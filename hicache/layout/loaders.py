@@ -54,8 +54,9 @@ def read_config_file(path: str | os.PathLike) -> dict:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", str(path), "no such file")
+    text = read_text(p, "config")   # its errors name the file already
     try:   # bounded: size, depth, alias expansion, integer length, text keys (hicache.inputs)
-        data = load_yaml(read_text(p, "config"), "config")
+        data = load_yaml(text, "config")
     except ConfigError as exc:
         if exc.field == "config" and exc.value == "...":   # the file itself: name it
             raise ConfigError("config", str(path), exc.reason) from None

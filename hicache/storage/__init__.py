@@ -29,14 +29,14 @@ from hicache.storage.objects import (FORMAT_VERSION, HEADER_BYTES, ObjectCodec, 
 from hicache.storage.prefetch import PrefetchOp, PrefetchPlan, Prefetcher, PrefetchResult, PrefetchStatus
 from hicache.storage.store import GetResult, L3Store, StoreStats
 from hicache.storage.survey import MAC_UNCHECKED, check_namespace, purge, survey, verify
-from hicache.storage.url import SCHEMES, mask_url, open_backend
+from hicache.storage.url import SCHEMES, mask_url, memory_store_name, open_backend, with_memory_store_name
 
 __all__ = [
     "STORAGE_PROTOCOL_VERSION", "StorageBackend", "BackendStats", "leading_true",
     "survey", "verify", "MAC_UNCHECKED", "purge", "check_namespace", "open_backend", "SCHEMES", "mask_url",
     "L3Store", "L3Config", "GetResult", "StoreStats", "PutTicket", "BackupQueue",
     "Prefetcher", "PrefetchConfig", "PrefetchOp", "PrefetchPlan", "PrefetchResult", "PrefetchStatus",
-    "PREFETCH_POLICIES", "ObjectKind", "ObjectCodec", "Reject", "make_namespace", "FORMAT_VERSION",
+    "PREFETCH_POLICIES", "ObjectKind", "ObjectCodec", "Reject", "make_namespace", "memory_store_name", "with_memory_store_name", "FORMAT_VERSION",
     "HEADER_BYTES", "CircuitBreaker", "StorageTimeout", "StorageConnectionError", "StorageProtocolError",
     "StorageServerError", "ObjectKeys", "check_key_source",
 ]

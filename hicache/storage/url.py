@@ -128,6 +128,22 @@ def _opt(options: dict, name: str, conv) -> Any:
         raise ConfigError(f"storage_url.{name}", HIDDEN, f"cannot parse (expected {expect})") from None
 
 
+def memory_store_name(url: str) -> str | None:
+    """The name a ``memory://`` URL gives its store, as :func:`open_backend` reads it ("" for
+    a private, unnamed store); None when the URL names another scheme."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "memory":
+        return None
+    return unquote(rest.partition("?")[0].strip("/"))
+
+
+def with_memory_store_name(url: str, name: str) -> str:
+    """``url`` (an unnamed ``memory://`` one) with its store named ``name``, options kept."""
+    _, _, rest = url.partition("://")
+    query = rest.partition("?")[2]
+    return f"memory://{name}" + (f"?{query}" if query else "")
+
+
 def open_backend(url: str, **options: Any) -> StorageBackend:
     """Open the backend a URL names (see module doc). Raises ConfigError for bad URLs."""
     if not isinstance(url, str) or "://" not in url:

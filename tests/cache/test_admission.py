@@ -150,7 +150,7 @@ def test_bad_admission_settings_name_the_field(key, value):
 
 
 @pytest.mark.parametrize("url, active", [("none://", False), ("memory://", False), ("memory://?capacity=1MiB", False),
-                                        ("memory://adm-shared", True)])
+                                        ("MEMORY://", False), ("memory:///", False), ("memory://adm-shared", True)])
 def test_admission_only_for_stores_someone_else_reads(url, active):
     """A private memory:// store is read only by its own cache (the host path serves it);
     admission would only fill its capacity (the main job lost L3 hits that way)."""

@@ -38,3 +38,11 @@ def test_bad_fleet_flags_are_one_line(capsys, flags, named):
     assert main([*TINY, *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("hicache fleet: error:") and named in err[0], err
+
+
+def test_an_unnamed_memory_store_is_named_for_the_fleet_with_its_options():
+    from hicache.storage import memory_store_name, with_memory_store_name
+
+    assert [memory_store_name(u) for u in ("memory://", "MEMORY://", "memory:///", "memory://?capacity=4GiB",
+                                           "memory://x", "file:///t")] == ["", "", "", "", "x", None]
+    assert with_memory_store_name("memory://?capacity=4GiB", "fleet") == "memory://fleet?capacity=4GiB"
