@@ -119,6 +119,7 @@ class L3Admission:
         self._seq = 0
         self._tokens = float(cfg.burst_bytes)            # the bucket, in bytes
         self._last: float | None = None
+        self._virtual = False                              # the caller passes its own clock
         self._flights: dict[PutTicket, _Flight] = {}
         self._inflight: set[TreeNode] = set()
         self._stored_pages: set[bytes] = set()           # page hashes written or found in L3
@@ -193,7 +194,15 @@ class L3Admission:
         self.counters.l3_admit_engine_us += int((time.perf_counter() - t0) * 1e6)
 
     def _refill(self, now: float | None) -> None:
-        now = time.monotonic() if now is None else now
+        # One clock paces the bucket: monotonic until a caller gives its own (a replay's
+        # virtual time), that one from then on; a poll without it (a drain, a helper's
+        # plain poll) neither refills nor moves the clock, so virtual time keeps pacing.
+        if now is None:
+            if self._virtual:
+                return
+            now = time.monotonic()
+        elif not self._virtual:
+            self._virtual, self._last = True, None
         if self._last is not None and now > self._last:
             self._tokens = min(float(self.cfg.burst_bytes), self._tokens + (now - self._last) * self.cfg.gbps * GB)
         self._last = now if self._last is None else max(self._last, now)

@@ -87,6 +87,25 @@ def test_the_bandwidth_budget_paces_the_writes():
     eng.cache.close()
 
 
+def test_a_poll_without_the_callers_clock_does_not_stop_the_pace():
+    """A plain poll (monotonic time, far past the virtual clock) between virtual-time polls
+    left the bucket's clock ahead of every later virtual time: admission stopped for good."""
+    page = make_cache().layout.object_bytes("page")
+    slow = AdmitConfig(mode="published", min_tokens=P, gbps=page / 1e9, burst_bytes=page)   # one page a second
+    eng = Engine(make_cache(storage="memory://adm-clock", admit=slow, **ROOMY))
+    prompts = [toks(v, v + 1, extra=1) for v in range(10, 40, 3)]
+    for t in prompts:
+        eng.run(t)
+    eng.cache.poll(wait=True, now=1.0)
+    eng.cache.poll(wait=True)                          # no clock given: nothing refilled
+    before = eng.cache.counters.l3_admit_chains
+    for t in range(2, 60):
+        eng.cache.poll(wait=True, now=float(t))
+    assert before < len(prompts) and eng.cache.counters.l3_admit_chains == len(prompts)
+    eng.cache.check_integrity()
+    eng.cache.close()
+
+
 def test_max_pending_drops_the_lowest_ranked_and_counts_it():
     cfg = AdmitConfig(mode="published", min_tokens=P, gbps=1e-9, burst_bytes=1, max_pending=2)
     eng = Engine(make_cache(storage="memory://adm-e", admit=cfg, **ROOMY))
