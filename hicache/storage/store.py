@@ -162,7 +162,8 @@ class L3Store:
                 result = fn()
             except StorageError as exc:
                 self._add_io_time(op, t0)
-                self._last_fault = f"{op}: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}"[:300]
+                msg = str(exc).strip()
+                self._last_fault = f"{op}: {msg.splitlines()[0] if msg else type(exc).__name__}"[:300]
                 self.faults.add(fault_name(exc))
                 self.faults.add(f"{op}.{fault_name(exc)}")
                 if isinstance(exc, TRANSPORT_FAULTS):

@@ -100,7 +100,7 @@ def test_config_inline_keys_file_and_refusals(tmp_path):
     with pytest.raises(ConfigError, match="async_lookup"):
         connector_config({"async_lookup": "yes"}, model="m")
     with pytest.raises(ConfigError, match="full-attention"):
-        layout_for([GroupGeometry("sliding", NAMES, B, GEOM.block_bytes, 64)])
+        layout_for([GroupGeometry("sliding", NAMES, B, GEOM.block_bytes)])
     with pytest.raises(ConfigError, match="blocks first"):
         BlockCopier({n: torch.zeros(2, BLOCKS, 4).transpose(0, 1) for n in NAMES}, NAMES,
                     torch.zeros(LAYERS, 4, 16, dtype=torch.uint8))

@@ -90,7 +90,6 @@ class Bridge:
         self._save_ids = itertools.count()
         self._saves: dict[int, tuple[_Req, int]] = {}     # save id -> (request, pages after it)
         self._acks: "queue.SimpleQueue[tuple[int, bool]]" = queue.SimpleQueue()
-        self._leases: dict[str, Lease] = {}               # read by the worker's waits
         self.counters = {k: 0 for k in ("lookups", "lookups_deferred", "lookup_hit_tokens", "loaded_tokens", "load_failed_tokens",
                                         "saved_pages", "save_failures", "published_pages", "finished")}
 
@@ -133,7 +132,6 @@ class Bridge:
         lease = self.cache.load(self.cache.match(toks))
         req = _Req(lease, planned=lease.resume_pages, tokens=toks)
         self._reqs[req_id] = req
-        self._leases[req_id] = lease
         if external <= 0:
             return
         first, last = vllm_tokens // self.P, (vllm_tokens + external) // self.P
@@ -218,8 +216,6 @@ class Bridge:
         req = self._reqs.pop(req_id, None)   # a new incarnation (preempted, rescheduled) starts afresh
         if req is None:
             return
-        if self._leases.get(req_id) is req.lease:
-            del self._leases[req_id]
         req.finished = True
         self.counters["finished"] += 1
         if req.in_flight == 0:
@@ -233,8 +229,8 @@ class Bridge:
     # -- worker (same process, the forward thread) ------------------------------------------
     def wait_load(self, req_id: str, layer: int) -> bool:
         """Block until layer ``layer`` of ``req_id``'s leased prefix is in hicache's pool."""
-        lease = self._leases.get(req_id)
-        return lease is not None and lease.wait(layer=layer)
+        req = self._reqs.get(req_id)   # the worker's waits read the scheduler's map (one dict get)
+        return req is not None and req.lease.wait(layer=layer)
 
     def report_saves(self, results: Sequence[tuple[int, bool]]) -> None:
         for r in results:

@@ -27,14 +27,13 @@ tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Sequence
 
 from hicache.config import HiCacheConfig, cache_config_from_mapping
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, FamilySpec, read_config_file
 
 DEFAULTS = {"host_layout": "page_first", "device_bytes": "256MiB", "device": "cpu"}
-OWN_KEYS = ("config", "async_lookup")
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,6 @@ class GroupGeometry:
     layers: tuple[str, ...]
     block_tokens: int
     block_bytes: int
-    sliding_window: Optional[int] = None
 
 
 def layout_for(groups: Sequence[GroupGeometry], model: str = "") -> CacheLayout:

@@ -65,8 +65,7 @@ def _geometry(kv_cache_config: Any) -> list[GroupGeometry]:
         spec = g.kv_cache_spec
         kind = ("sliding" if isinstance(spec, SlidingWindowSpec)
                 else "full" if isinstance(spec, FullAttentionSpec) else type(spec).__name__)
-        out.append(GroupGeometry(kind, tuple(g.layer_names), spec.block_size, spec.page_size_bytes,
-                                 getattr(spec, "sliding_window", None)))
+        out.append(GroupGeometry(kind, tuple(g.layer_names), spec.block_size, spec.page_size_bytes))
     return out
 
 
