@@ -88,7 +88,7 @@ def _good(kind: str, d: dict) -> bool:
         return d.get("mismatched_pages") == 0 and d.get("verified_pages", 0) > 0
     if kind == "replay_tiny":
         return d.get("mismatched_pages") == 0 and d.get("exact") is True
-    return d.get("verified") is True   # transfer, overlap
+    return d.get("verified") is True   # transfer, overlap, tune
 
 
 def _summary(kind: str, d: dict) -> str:
@@ -108,6 +108,13 @@ def _summary(kind: str, d: dict) -> str:
     if kind == "overlap":
         return (f"{d.get('layout')}: {d.get('hidden_per_layer', 0):.0%} of the copy hidden with per-layer "
                 f"waits ({d.get('hidden_free', 0):.0%} without); verified {d.get('verified')}")
+    if kind == "tune":
+        best = d.get("best") or []
+        worst = min(best, key=lambda b: b.get("default_x") or 0, default=None)
+        return (f"{len(d.get('rows') or [])} launch shapes, verified {d.get('verified')}; shipped default "
+                f"{(d.get('default_chunk_bytes') or 0) >> 10} KiB x {d.get('default_num_warps')} warps, lowest "
+                + (f"{_f(worst.get('default_x'))}x DMA ({worst['layout']} {worst['host_layout']} {worst['direction']})"
+                   if worst else "-"))
     return ""
 
 
@@ -166,6 +173,19 @@ def markdown(result: dict) -> str:
                   f"{_f(ov.get('hidden_bound_per_layer'))} |", "",
                   f"Stand-in: {ov.get('matmuls_per_layer')} x {ov.get('matmul')}^2 matmul per layer; copy "
                   f"{_f(ov.get('copy_gbps'))} GB/s."]
+    tune = (steps.get("tune-copy") or {}).get("data")
+    if tune and tune.get("best"):
+        lines += ["", "### Triton launch shape: x the DMA copy of the same bytes", "",
+                  "| layout | host layout | direction | DMA GB/s | one program per unit | shipped default | best | "
+                  "best shape | one copy_ per unit |", "|---|---|---|---|---|---|---|---|---|"]
+        for b in tune["best"]:
+            lines.append(f"| {b['layout']} | {b['host_layout']} | {b['direction']} | {_f(b.get('dma_gbps'))} | "
+                         f"{_f(b.get('whole_unit_x'))} | {_f(b.get('default_x'))} | {_f(b.get('best_x'))} | "
+                         f"{(b.get('best_chunk_bytes') or 0) >> 10} KiB x {b.get('best_num_warps')} warps, "
+                         f"{b.get('best_vec_bytes')} B access | {_f(b.get('per_unit_copy_x'))} |")
+        lines += ["", f"Shipped default: {(tune.get('default_chunk_bytes') or 0) >> 10} KiB per program, "
+                      f"{tune.get('default_num_warps')} warps, {tune.get('default_vec_bytes')} B access "
+                      "(0 KiB: one program per unit)."]
     tests = ((steps.get("tests") or {}).get("data") or {}).get("cases") or []
     bad = [c for c in tests if c["outcome"] in ("failed", "error")]
     if bad:

@@ -19,7 +19,9 @@ output in the log):
 ``replay``        ``hicache replay --device D`` of the main job (DeepSeek-V4-Flash), every
                   byte of every page checked: 0 mismatched;
 ``replay-tiny``   ``hicache replay --model tiny --device D``: the tiny DeepSeek-V4-style
-                  model's logits through all three tiers against a recompute, bit-exact.
+                  model's logits through all three tiers against a recompute, bit-exact;
+``tune-copy``     ``bench/gpu/tune_copy.py``: the Triton kernel at each bytes-per-program x
+                  warps against the DMA copy (where ``CHUNK_BYTES`` / ``NUM_WARPS`` come from).
 
 Out: ``gpu_suite.json`` (rewritten after every step, so a run cut short still reports what
 finished), ``gpu_suite.md`` (the tables), ``gpu_suite.log`` (every step's output, one after
@@ -118,6 +120,10 @@ def plan(device: str, junit: Path, test_paths: tuple[str, ...] = ("tests",)) -> 
         Step("replay-tiny", CLI + ("replay", "--model", "tiny", "--device", device,
                                    "--conversations", "6" if gpu else "2", "--quiet", "--json"), 120,
              "replay_tiny"),
+        # The Triton kernel's launch shape (bytes per program x warps) against the DMA copy.
+        Step("tune-copy", (sys.executable, "-m", "bench.gpu.tune_copy", "--device", device,
+                           "--host-layouts", "layer_first", "--chunks", "0,64,16" if gpu else "0,1"),
+             150 if gpu else 90, "tune"),
     ]
 
 

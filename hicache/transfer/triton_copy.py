@@ -1,11 +1,18 @@
 """The Triton copy kernel: every layer of every family of a batch in one launch.
 
-One program copies one unit (one id's bytes of one layer of one family). Programs are
-laid out on a 2-D grid, pairs on axis 0 (up to 2**31 - 1) and segments on axis 1::
+One program copies one chunk of one unit (a unit: one id's bytes of one layer of one
+family; a chunk: at most ``chunk`` elements of it). Programs are laid out on a 3-D grid,
+pairs on axis 0 (up to 2**31 - 1), segments on axis 1 and chunks on axis 2::
 
-    grid = (max pairs, segments)        program (j, k): segment k, pair j
+    grid = (max pairs, segments, chunks)   program (j, k, c): segment k, pair j, chunk c
     desc[k] = [src_off, dst_off, src_id_stride, dst_id_stride, unit, ids_start, n_pairs, 0]
     src address = base + src_off + src_ids[ids_start + j] * src_id_stride     (elements)
+    elements copied = [c * chunk, min((c + 1) * chunk, unit))
+
+Chunks keep every program short: a Llama-style page of 1 MiB per layer copied by one
+program (a serial loop of 128 blocks) left most of the card idle, and its stores to pinned
+host memory ran at a tenth of the DMA rate on an H200 (``bench/gpu``); cut into chunks, the
+same bytes are spread over many programs. Units no larger than a chunk have one chunk.
 
 All addresses are element offsets from one *base* tensor, so families living in different
 tensors -- and, on CUDA, host pools in pinned memory reached through unified virtual
@@ -37,30 +44,40 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
 _DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
 _BASES: dict[tuple[str, int], torch.Tensor] = {}
 DESC_FIELDS = 8
+MAX_GRID_Z = 65535          # CUDA's limit on grid axes 1 and 2
+# The most bytes one program copies, its warps, and the widest access promised, from the
+# H200 sweep of bench/gpu/tune_copy.py (docs/transfer.md): 16-byte stores into pinned host
+# memory ran at 0.07-0.11x the DMA rate on Llama pages, 8-byte ones at 0.85-0.89x; 16 KiB
+# chunks took DeepSeek-V4's D2H from 0.67x (one program per unit) to 0.77x.
+CHUNK_BYTES = 16 << 10
+NUM_WARPS = 4
+VEC_BYTES = 8
 
 
 def available() -> bool:
     return triton is not None
 
 
-def _copy_units(base, desc, src_ids, dst_ids, BLOCK: tl.constexpr, VEC: tl.constexpr):
+def _copy_units(base, desc, src_ids, dst_ids, chunk, BLOCK: tl.constexpr, VEC: tl.constexpr):
     j = tl.program_id(0)
     d = desc + tl.program_id(1) * 8
     n_pairs = tl.load(d + 6)
-    if j < n_pairs:
+    unit = tl.load(d + 4)
+    start = tl.program_id(2) * chunk
+    if j < n_pairs and start < unit:
         src_off = tl.load(d + 0)
         dst_off = tl.load(d + 1)
         src_stride = tl.load(d + 2)
         dst_stride = tl.load(d + 3)
-        unit = tl.load(d + 4)
         ids_start = tl.load(d + 5)
         s = tl.load(src_ids + ids_start + j)
         t = tl.load(dst_ids + ids_start + j)
         src_row = tl.multiple_of(src_off + s * src_stride, VEC)
         dst_row = tl.multiple_of(dst_off + t * dst_stride, VEC)
-        for off in range(0, unit, BLOCK):
+        end = tl.minimum(start + chunk, unit)
+        for off in range(start, end, BLOCK):
             idx = off + tl.arange(0, BLOCK)
-            mask = idx < unit
+            mask = idx < end
             vals = tl.load(base + src_row + idx, mask=mask)
             tl.store(base + dst_row + idx, vals, mask=mask)
 
@@ -96,21 +113,46 @@ def _base(device: torch.device, width: int) -> torch.Tensor:
     return _BASES[key]
 
 
-def launch(plan: CopyPlan, segments: Sequence[Segment]) -> list[torch.Tensor]:
+def chunking(max_unit: int, width: int, chunk_bytes: int) -> tuple[int, int, int]:
+    """``(chunk, block, n_chunks)`` in elements of ``width`` bytes for units of at most
+    ``max_unit`` elements: a chunk is a whole number of blocks (a block at most 1024
+    elements), ``chunk_bytes <= 0`` means one chunk per unit, and the chunk count stays
+    within the grid's axis-2 limit."""
+    assert max_unit > 0 and width > 0
+    want = max_unit if chunk_bytes <= 0 else max(1, chunk_bytes // width)
+    block = int(min(1024, max(16, 1 << (min(want, max_unit) - 1).bit_length())))
+    chunk = -(-min(want, max_unit) // block) * block
+    n_chunks = -(-max_unit // chunk)
+    if n_chunks > MAX_GRID_Z:
+        chunk = -(-(-(-max_unit // MAX_GRID_Z)) // block) * block
+        n_chunks = -(-max_unit // chunk)
+    return chunk, block, n_chunks
+
+
+def launch(plan: CopyPlan, segments: Sequence[Segment], *, chunk_bytes: int | None = None,
+           num_warps: int | None = None, vec_bytes: int | None = None) -> list[torch.Tensor]:
     """Launch one kernel for ``segments`` on the current stream.
+
+    ``chunk_bytes`` (default :data:`CHUNK_BYTES`) is the most one program copies;
+    ``num_warps`` (default :data:`NUM_WARPS`) the warps of each program; ``vec_bytes``
+    (default :data:`VEC_BYTES`) the widest alignment promised to the compiler, which
+    bounds the width of each load and store. Families of zero
+    bytes per unit (a state family a model does not use) are left out: nothing to copy, and
+    an empty host tensor is never pinned.
 
     Returns the tensors the launch reads (descriptor, ids); the caller keeps them alive
     until the launch has completed.
     """
     if triton is None:
         raise MisuseError("backend 'triton' needs the triton package (pip install hicache[triton])")
+    segments = [s for s in segments if plan.items[s.item].unit_bytes > 0]
     if not segments:
         return []
     device = kernel_device(plan)
     if device.type == "cpu":
         if not interpreting():
             raise MisuseError("backend 'triton' on CPU tensors runs only under TRITON_INTERPRET=1")
-    for it in plan.items:
+    for it in {plan.items[s.item].name: plan.items[s.item] for s in segments}.values():
         for t in (it.src, it.dst):
             if t.device.type == "cpu" and device.type == "cuda" and not t.is_pinned():
                 raise MisuseError(f"{it.name}: host memory must be pinned for the Triton kernel")
@@ -140,14 +182,16 @@ def launch(plan: CopyPlan, segments: Sequence[Segment]) -> list[torch.Tensor]:
                      it.unit_bytes // width, item_start[s.item], it.num_pairs, 0])
     max_pairs = max(plan.items[s.item].num_pairs for s in segments)
     max_unit = max(plan.items[s.item].unit_bytes for s in segments) // width
-    block = int(min(1024, max(16, 1 << (max_unit - 1).bit_length())))
+    chunk, block, n_chunks = chunking(max_unit, width, CHUNK_BYTES if chunk_bytes is None else chunk_bytes)
     vec = element_width([d[0] for d in desc] + [d[1] for d in desc]
-                        + [d[2] for d in desc] + [d[3] for d in desc], limit=16 // width or 1)
+                        + [d[2] for d in desc] + [d[3] for d in desc],
+                        limit=max(1, (VEC_BYTES if vec_bytes is None else vec_bytes) // width))
     pin = device.type == "cuda"
     host = [torch.from_numpy(np.asarray(desc, dtype=np.int64)),
             torch.from_numpy(np.concatenate(src_ids)), torch.from_numpy(np.concatenate(dst_ids))]
     if pin:
         host = [h.pin_memory() for h in host]
     desc_t, src_t, dst_t = (h.to(device, non_blocking=True) for h in host)
-    _kernel()[(max_pairs, len(segments))](base, desc_t, src_t, dst_t, BLOCK=block, VEC=vec)
+    _kernel()[(max_pairs, len(segments), n_chunks)](base, desc_t, src_t, dst_t, chunk, BLOCK=block, VEC=vec,
+                                                      num_warps=NUM_WARPS if num_warps is None else num_warps)
     return host + [desc_t, src_t, dst_t]

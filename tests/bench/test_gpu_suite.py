@@ -118,4 +118,4 @@ def test_one_real_step_writes_json_markdown_and_log(tmp_path):
     assert "| env | pass |" in (tmp_path / "gpu_suite.md").read_text()
     assert "===== env: exit 0" in (tmp_path / "gpu_suite.log").read_text()
     assert [s.name for s in suite.plan("cuda", tmp_path / "j.xml")] == [
-        "env", "transfer-v4-flash", "transfer-llama-3.1-8b", "overlap", "tests", "replay", "replay-tiny"]
+        "env", "transfer-v4-flash", "transfer-llama-3.1-8b", "overlap", "tests", "replay", "replay-tiny", "tune-copy"]

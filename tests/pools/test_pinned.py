@@ -27,7 +27,8 @@ def test_pools_live_where_the_device_says_and_round_trip(budget, host_layout, de
         assert sc.data.device.type == device.type
     for sc in pools.host.sidecars.values():
         assert sc.data.device.type == "cpu"
-        assert sc.data.is_pinned() == (device.type == "cuda"), sc
+        if sc.data.numel():   # an empty family (tiny-hybrid's c8_state: 0 bytes a row) holds nothing to pin
+            assert sc.data.is_pinned() == (device.type == "cuda"), sc.name
     g = torch.Generator().manual_seed(3)
     with TransferController(pools) as ctl:
         assert ctl.backend in (("triton",) if device.type == "cuda" else ("native", "torch"))

@@ -12,7 +12,7 @@ from hicache.transfer.kernels import build_pieces
 from hicache.transfer.plan import CopyPlan, element_width
 from tests.transfer.conftest import make_pools, row_size_layout, snapshot, tiny_layout
 
-from hicache.transfer import native
+from hicache.transfer import native, triton_copy
 
 NATIVE = pytest.param("native", marks=pytest.mark.skipif(native.load() is None,
                                                          reason="no C compiler for the native copy"))
@@ -95,6 +95,44 @@ def test_triton_and_native_handle_negative_address_offsets(backend, interpret):
     want[:, [6, 1]] = src[:, [14, 0]]
     copy_rows(src, dst, [14, 0], [6, 1], backend=backend)
     assert torch.equal(dst, want)
+
+
+@pytest.mark.parametrize("chunk_bytes", [0, 8, 48, 1000], ids=["whole-unit", "8B", "48B", "1000B"])
+def test_triton_chunks_copy_exactly_the_unit(chunk_bytes, interpret):
+    # Units cut into chunks (axis 2 of the grid): each byte once, the last chunk partial,
+    # nothing past the unit; row sizes that are and are not multiples of the chunk.
+    for row_bytes in (584, 7, 1, 2048):
+        src = torch.randint(0, 256, (2, 9, row_bytes), dtype=torch.uint8)
+        dst = torch.randint(0, 256, (2, 6, row_bytes), dtype=torch.uint8)
+        want = dst.clone()
+        s, d = [8, 0, 5, 5], [2, 5, 0, 3]
+        want[:, d] = src[:, s]
+        plan = CopyPlan([make_row_copy(src, dst, s, d)])
+        triton_copy.launch(plan, plan.segments, chunk_bytes=chunk_bytes)
+        assert torch.equal(dst, want), (chunk_bytes, row_bytes)
+
+
+def test_triton_chunking_geometry():
+    # (chunk, block, n_chunks) in elements: whole blocks per chunk, enough chunks to cover.
+    assert triton_copy.chunking(131072, 8, 64 << 10) == (8192, 1024, 16)      # 1 MiB unit of int64
+    assert triton_copy.chunking(73, 8, 64 << 10) == (128, 128, 1)             # unit below a chunk
+    assert triton_copy.chunking(131072, 8, 0) == (131072, 1024, 1)            # 0: one chunk per unit
+    assert triton_copy.chunking(100, 1, 48) == (64, 64, 2)
+    chunk, block, n = triton_copy.chunking(10**9, 1, 16)                      # grid axis-2 limit
+    assert n <= triton_copy.MAX_GRID_Z and chunk * n >= 10**9 and chunk % block == 0
+
+
+def test_triton_leaves_out_zero_byte_families(interpret):
+    # A family of 0 bytes per unit (an unused state family) launches nothing for itself.
+    src = torch.randint(0, 256, (2, 4, 16), dtype=torch.uint8)
+    dst = torch.zeros(2, 4, 16, dtype=torch.uint8)
+    empty_src, empty_dst = torch.empty(2, 4, 0, dtype=torch.uint8), torch.empty(2, 4, 0, dtype=torch.uint8)
+    plan = CopyPlan([make_row_copy(empty_src, empty_dst, [0], [1], name="empty"),
+                     make_row_copy(src, dst, [3, 1], [0, 2], name="kv")])
+    keep = triton_copy.launch(plan, plan.segments)
+    assert keep and torch.equal(dst[:, [0, 2]], src[:, [3, 1]])
+    only_empty = CopyPlan([make_row_copy(empty_src, empty_dst, [0], [1], name="empty")])
+    assert triton_copy.launch(only_empty, only_empty.segments) == []
 
 
 def test_empty_copy_is_a_no_op():
