@@ -162,27 +162,32 @@ def markdown(result: dict) -> str:
                          "at once, one on each of two streams." if on_gpu else
                          "the faster of torch `copy_` and a streaming memcpy, one limit for both directions (on a "
                          "CPU both share one memory bus; both at once: the two one after the other).")]
-    ov = (steps.get("overlap") or {}).get("data")
-    if ov:
+    overlaps = [r["data"] for name, r in steps.items() if name.startswith("overlap") and r.get("data")]
+    if overlaps:
         lines += ["", "### Per-layer load behind a stand-in layer compute", "",
-                  "| layout | pages | layers | copy ms | compute ms | wait_layer + compute ms | hidden | "
-                  "no waits ms | hidden | bound |", "|---|---|---|---|---|---|---|---|---|---|",
-                  f"| {ov.get('layout')} | {ov.get('pages')} | {ov.get('layers')} | {_f(ov.get('copy_s', 0) * 1e3)} | "
-                  f"{_f(ov.get('compute_s', 0) * 1e3)} | {_f(ov.get('per_layer_s', 0) * 1e3)} | "
-                  f"{_f(ov.get('hidden_per_layer'))} | {_f(ov.get('free_s', 0) * 1e3)} | {_f(ov.get('hidden_free'))} | "
-                  f"{_f(ov.get('hidden_bound_per_layer'))} |", "",
-                  f"Stand-in: {ov.get('matmuls_per_layer')} x {ov.get('matmul')}^2 matmul per layer; copy "
-                  f"{_f(ov.get('copy_gbps'))} GB/s."]
+                  "| layout | copy programs | pages | layers | copy ms | compute ms | wait_layer + compute ms | hidden | "
+                  "no waits ms | hidden | bound |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for ov in overlaps:
+            lines.append(f"| {ov.get('layout')} | {ov.get('gpu_programs') or 'one per chunk'} | {ov.get('pages')} | "
+                         f"{ov.get('layers')} | {_f(ov.get('copy_s', 0) * 1e3)} | "
+                         f"{_f(ov.get('compute_s', 0) * 1e3)} | {_f(ov.get('per_layer_s', 0) * 1e3)} | "
+                         f"{_f(ov.get('hidden_per_layer'))} | {_f(ov.get('free_s', 0) * 1e3)} | "
+                         f"{_f(ov.get('hidden_free'))} | {_f(ov.get('hidden_bound_per_layer'))} |")
+        ov = overlaps[0]
+        lines += ["", f"Stand-in: {ov.get('matmuls_per_layer')} x {ov.get('matmul')}^2 matmul per layer; copy "
+                      f"{', '.join(_f(o.get('copy_gbps')) for o in overlaps)} GB/s."]
     tune = (steps.get("tune-copy") or {}).get("data")
     if tune and tune.get("best"):
         lines += ["", "### Triton launch shape: x the DMA copy of the same bytes", "",
                   "| layout | host layout | direction | DMA GB/s | one program per unit | shipped default | best | "
-                  "best shape | one copy_ per unit |", "|---|---|---|---|---|---|---|---|---|"]
+                  "best shape | one copy_ per unit | default on N programs |", "|---|---|---|---|---|---|---|---|---|---|"]
         for b in tune["best"]:
             lines.append(f"| {b['layout']} | {b['host_layout']} | {b['direction']} | {_f(b.get('dma_gbps'))} | "
                          f"{_f(b.get('whole_unit_x'))} | {_f(b.get('default_x'))} | {_f(b.get('best_x'))} | "
                          f"{(b.get('best_chunk_bytes') or 0) >> 10} KiB x {b.get('best_num_warps')} warps, "
-                         f"{b.get('best_vec_bytes')} B access | {_f(b.get('per_unit_copy_x'))} |")
+                         f"{b.get('best_vec_bytes')} B access | {_f(b.get('per_unit_copy_x'))} | "
+                         + (", ".join(f"{k}: {_f(v)}" for k, v in (b.get("bounded_x") or {}).items()) or "-")
+                         + " |")
         lines += ["", f"Shipped default: {(tune.get('default_chunk_bytes') or 0) >> 10} KiB per program, "
                       f"{tune.get('default_num_warps')} warps, {tune.get('default_vec_bytes')} B access "
                       "(0 KiB: one program per unit)."]

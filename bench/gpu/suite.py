@@ -13,7 +13,8 @@ output in the log):
                   pages: D2H, H2D and both at once against contiguous DMA copies of the same
                   bytes and a per-page ``copy_`` loop, in the same run;
 ``overlap``       ``hicache bench overlap``: the share of a per-layer load hidden behind a
-                  stand-in layer compute;
+                  stand-in layer compute; ``overlap-bounded`` the same with the copy kernel
+                  on 16 programs (``--gpu-programs``);
 ``tests``         the ``gpu``-marked tests (``--device cpu``: their CPU halves, marked
                   ``cpu_half``, Triton under ``TRITON_INTERPRET=1``), pass/fail per test;
 ``replay``        ``hicache replay --device D`` of the main job (DeepSeek-V4-Flash), every
@@ -108,6 +109,11 @@ def plan(device: str, junit: Path, test_paths: tuple[str, ...] = ("tests",)) -> 
              120, "transfer"),
         Step("overlap", CLI + ("bench", "overlap", "--device", device, "--config", "deepseek-v4-flash",
                                "--pages", "512" if gpu else "16", "--reps", reps, "--json"), 90, "overlap"),
+        # The same with the copy's grid bounded to a few programs (TransferConfig.gpu_programs):
+        # does leaving SMs to the matmuls let the load hide, and what does it cost the copy?
+        Step("overlap-bounded", CLI + ("bench", "overlap", "--device", device, "--config", "deepseek-v4-flash",
+                                       "--pages", "512" if gpu else "16", "--reps", reps, "--gpu-programs", "16",
+                                       "--json"), 90, "overlap"),
         # -v: a line per test as it ends, so a run killed at its timeout (no JUnit file then)
         # still says which passed; faulthandler prints the stacks of a test that hangs; a
         # module that cannot be collected fails the step but does not stop the others.
@@ -122,7 +128,8 @@ def plan(device: str, junit: Path, test_paths: tuple[str, ...] = ("tests",)) -> 
              "replay_tiny"),
         # The Triton kernel's launch shape (bytes per program x warps) against the DMA copy.
         Step("tune-copy", (sys.executable, "-m", "bench.gpu.tune_copy", "--device", device,
-                           "--host-layouts", "layer_first", "--chunks", "0,64,16" if gpu else "0,1"),
+                           "--host-layouts", "layer_first", "--chunks", "0,64,16" if gpu else "0,1",
+                           "--programs", "16,64,264" if gpu else "2"),
              150 if gpu else 90, "tune"),
     ]
 

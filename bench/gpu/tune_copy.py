@@ -56,7 +56,7 @@ def _per_unit_copies(plan: CopyPlan) -> None:
 
 
 def sweep_layout(name: str, device: torch.device, kib: int, reps: int, host_layout: str,
-                 chunks: tuple[int, ...] = CHUNKS) -> list[dict]:
+                 chunks: tuple[int, ...] = CHUNKS, programs: tuple[int, ...] = ()) -> list[dict]:
     layout, _ = load_config(resolve_config(name))
     page_b, snap_b = layout.object_bytes("page"), layout.object_bytes("state")
     pages = max(2, (kib << 10) // (page_b + (snap_b // 16 if snap_b else 0)))
@@ -78,12 +78,15 @@ def sweep_layout(name: str, device: torch.device, kib: int, reps: int, host_layo
         dma = min(clock.time(lambda: (hbuf if direction == "d2h" else dbuf).copy_(
             dbuf if direction == "d2h" else hbuf, non_blocking=True)) for _ in range(reps + 1))
         plan = CopyPlan(_items(pools, direction, ids))
-        for chunk, warps, vec in [(c, w, v) for c in chunks for w in WARPS for v in VECS] + [(-1, 0, 0)]:
+        shapes = [(c, w, v, 0) for c in chunks for w in WARPS for v in VECS]
+        shapes += [(triton_copy.CHUNK_BYTES, triton_copy.NUM_WARPS, triton_copy.VEC_BYTES, p) for p in programs]
+        for chunk, warps, vec, progs in shapes + [(-1, 0, 0, 0)]:
             def go() -> None:
                 if chunk < 0:      # the copy engine: one copy_ per unit (cudaMemcpyAsync)
                     _per_unit_copies(plan)
                 else:
-                    triton_copy.launch(plan, plan.segments, chunk_bytes=chunk, num_warps=warps, vec_bytes=vec)
+                    triton_copy.launch(plan, plan.segments, chunk_bytes=chunk, num_warps=warps, vec_bytes=vec,
+                                       programs=progs)
             for it in plan.items:              # scribble first: each shape's check is its own
                 it.dst[:, torch.from_numpy(it.dst_ids).to(it.dst.device)] = 0
             go()                                   # compile + check the bytes once
@@ -94,11 +97,13 @@ def sweep_layout(name: str, device: torch.device, kib: int, reps: int, host_layo
                      for it in plan.items)
             best = min(clock.time(go) for _ in range(reps))
             rows.append({"layout": name, "host_layout": host_layout, "direction": direction,
-                         "chunk_bytes": chunk, "num_warps": warps, "vec_bytes": vec, "bytes": total,
+                         "chunk_bytes": chunk, "num_warps": warps, "vec_bytes": vec, "programs": progs,
+                         "bytes": total,
                          "gbps": round(total / best / 1e9, 2), "dma_gbps": round(total / dma / 1e9, 2),
                          "x_dma": round(dma / best, 3), "verified": ok})
             r = rows[-1]
-            shape = f"chunk {chunk >> 10:5d} KiB warps {warps} vec {vec:2d}" if chunk >= 0 else "one copy_ per unit"
+            shape = (f"chunk {chunk >> 10:5d} KiB warps {warps} vec {vec:2d} programs {progs or '-'}" if chunk >= 0
+                     else "one copy_ per unit")
             print(f"{name:18s} {host_layout:11s} {direction} {shape}: {r['gbps']:7.2f} GB/s = {r['x_dma']:.2f}x "
                   f"DMA {r['dma_gbps']:.1f}; ok {ok}", file=sys.stderr, flush=True)
     del pools, dbuf, hbuf
@@ -116,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"comma-separated config names (default {','.join(LAYOUTS)} on CUDA, tiny-hybrid on CPU)")
     p.add_argument("--chunks", default=None, help="comma-separated chunk sizes in KiB, 0 = whole unit")
     p.add_argument("--host-layouts", default="layer_first,page_first")
+    p.add_argument("--programs", default="",
+                   help="comma-separated bounded grids to try at the shipped shape (TransferConfig.gpu_programs)")
     p.add_argument("--json", default=None, help="write the rows here")
     a = p.parse_args(argv)
     device = torch.device(a.device)
@@ -129,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     names = a.layouts.split(",") if a.layouts else (LAYOUTS if device.type == "cuda" else ("tiny-hybrid",))
     chunks = tuple(int(c) << 10 for c in a.chunks.split(",")) if a.chunks else CHUNKS
+    programs = tuple(int(x) for x in a.programs.split(",") if x.strip())
     rows = [r for name in names for hl in a.host_layouts.split(",")
-            for r in sweep_layout(name, device, kib, reps, hl, chunks)]
+            for r in sweep_layout(name, device, kib, reps, hl, chunks, programs)]
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "kib": kib,
               "reps": reps, "default_chunk_bytes": triton_copy.CHUNK_BYTES,
               "default_num_warps": triton_copy.NUM_WARPS,
@@ -152,7 +160,7 @@ def best_rows(rows: list[dict]) -> list[dict]:
     keys = sorted({(r["layout"], r["host_layout"], r["direction"]) for r in rows})
     for key in keys:
         group = [r for r in rows if (r["layout"], r["host_layout"], r["direction"]) == key]
-        kernel = [r for r in group if r["chunk_bytes"] >= 0]
+        kernel = [r for r in group if r["chunk_bytes"] >= 0 and not r["programs"]]
         best = max(kernel, key=lambda r: r["x_dma"])
         whole = max((r["x_dma"] for r in kernel if r["chunk_bytes"] == 0), default=None)
         per_unit = max((r["x_dma"] for r in group if r["chunk_bytes"] < 0), default=None)
@@ -162,6 +170,7 @@ def best_rows(rows: list[dict]) -> list[dict]:
                     "default_x": shipped[0] if shipped else None, "best_x": best["x_dma"],
                     "best_chunk_bytes": best["chunk_bytes"], "best_num_warps": best["num_warps"],
                     "best_vec_bytes": best["vec_bytes"], "per_unit_copy_x": per_unit,
+                    "bounded_x": {r["programs"]: r["x_dma"] for r in group if r["programs"]},
                     "dma_gbps": best["dma_gbps"]})
     return out
 

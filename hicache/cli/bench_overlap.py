@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_copy_arguments(p, pages=256, what="loaded", reps=5)
     p.add_argument("--matmul", type=int, default=None,
                    help="side of the stand-in square matmul (default 4096 on CUDA, bf16; 128 on CPU, fp32)")
+    p.add_argument("--gpu-programs", type=int, default=0,
+                   help="bound the Triton copy's grid to N programs (TransferConfig.gpu_programs; default 0: "
+                        "one program per chunk)")
 
 
 def _sync(device: torch.device) -> None:
@@ -114,7 +117,8 @@ def _run(args: argparse.Namespace) -> int:
     at_least("--pages", args.pages, 1)
     at_least("--reps", args.reps, 1)
     side = at_least("--matmul", args.matmul, 1) or (4096 if device.type == "cuda" else 128)
-    tcfg = TransferConfig(backend=args.backend, load_granularity="layer")
+    at_least("--gpu-programs", args.gpu_programs, 0)
+    tcfg = TransferConfig(backend=args.backend, load_granularity="layer", gpu_programs=args.gpu_programs)
     cap = args.pages + max(1, args.pages // 4)
     total = args.pages * layout.object_bytes("page")
     pool_b = cap * layout.object_bytes("page") + layout.object_bytes("state")
@@ -185,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
 
     out = {
         "device": device_name(device), "layout": layout.model or str(args.config), "host_layout": host_layout,
-        "backend": ctl.backend, "pages": args.pages, "bytes": total, "layers": len(layers),
+        "backend": ctl.backend, "gpu_programs": args.gpu_programs, "pages": args.pages, "bytes": total, "layers": len(layers),
         "matmul": side, "matmuls_per_layer": k, "reps": args.reps,
         "copy_s": best["copy"], "compute_s": best["compute"],
         "per_layer_s": best["per_layer"], "free_s": best["free"],

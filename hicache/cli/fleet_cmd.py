@@ -3,14 +3,15 @@
     hicache fleet --engines N [--routing round-robin|conversation] [--config PATH]
                   [--workload NAME | --trace FILE] [--conversations N] [--seed S]
                   [--storage URL] [--device-gib X] [--host-gib Y] [cache / engine flags]
-                  [--no-baselines] [--json] [--quiet]
+                  [--processes] [--no-baselines] [--json] [--quiet]
 
 Each engine gets the config's budgets (or ``--device-gib`` / ``--host-gib``, per engine).
 The run is repeated as baselines: the same fleet without L3 (``none://``), and one engine
 holding the summed budgets (with the store). Each run writes under its own key salt, so
 no run reads another's objects, and its namespace is purged at the end. The engines are
 driven on one virtual clock (:mod:`hicache.engine.fleet` says why); their L3 reads and
-writes are real, each through its own connection. Prints per engine and per tier the hit
+writes are real, each through its own connection. With ``--processes`` each engine runs in
+an OS process of its own, in lock step with the driver (:mod:`hicache.engine.fleet_proc`). Prints per engine and per tier the hit
 rate, TTFT with and without the store, what L3 admission wrote, and the fleet's totals.
 """
 
@@ -27,7 +28,7 @@ from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, add_cache_args, add_engi
                                     budget_overrides, engine_config, load_cache_config, load_requests)
 from hicache.cli.table import render_table
 from hicache.config import NO_L3
-from hicache.errors import HiCacheError
+from hicache.errors import ConfigError, HiCacheError
 from hicache.storage import mask_url, memory_store_name, with_memory_store_name
 from hicache.units import format_bytes
 
@@ -47,6 +48,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host-gib", type=float, help="host (L2) budget of each engine, GiB")
     add_cache_args(p)
     add_engine_args(p)
+    p.add_argument("--processes", action="store_true",
+                   help="each engine in its own OS process (its own pools, threads and store connection), "
+                        "driven in lock step on the one virtual clock; needs a shared store (redis://, file://)")
     p.add_argument("--no-baselines", dest="baselines", action="store_false",
                    help="only the fleet with the store (no run without L3, no single engine)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -94,18 +98,24 @@ def _fleet_once(args, layout, cfg, ecfg, work, engines: int, label: str, url: st
     """One fleet run of ``engines`` engines on ``url`` under its own salt; its summary."""
     from hicache.cache import HiCache
     from hicache.engine import run_fleet
+    from hicache.engine.fleet_proc import run_fleet_processes
+    from hicache.pools import plan_pools
 
     storage = dataclasses.replace(cfg.storage, url=url, salt=f"{cfg.storage.salt}.fleet-{label}")
     cfg = dataclasses.replace(cfg, storage=storage)
-    caches = [HiCache(layout, cfg) for _ in range(engines)]
-    try:
-        progress = Progress(f"fleet {label}", len(work.requests), enabled=not args.quiet)
-        fr = run_fleet(caches, ecfg, work.requests, args.routing if engines > 1 else "round-robin", progress)
-        rows = [_engine_summary(rep, st) for rep, st in zip(fr.reports, fr.stats)]
-        plan = caches[0].pools.plan
-    finally:
-        for c in caches:
-            c.close()
+    routing = args.routing if engines > 1 else "round-robin"
+    progress = Progress(f"fleet {label}", len(work.requests), enabled=not args.quiet)
+    plan = plan_pools(layout, cfg.pools)
+    if args.processes:
+        fr = run_fleet_processes(layout, cfg, engines, ecfg, work.requests, routing, progress)
+    else:
+        caches = [HiCache(layout, cfg) for _ in range(engines)]
+        try:
+            fr = run_fleet(caches, ecfg, work.requests, routing, progress)
+        finally:
+            for c in caches:
+                c.close()
+    rows = [_engine_summary(rep, st) for rep, st in zip(fr.reports, fr.stats)]
     purged = _purge(url, layout, storage.salt)
     return {"label": label, "purged": purged, "engines": engines, "storage_url": mask_url(url), "per_engine": rows,
             "total": _total(rows), "device_bytes": plan.device_bytes, "host_bytes": plan.host_bytes,
@@ -138,9 +148,13 @@ def run(args: argparse.Namespace) -> int:
     ecfg = engine_config(args, path)
     work = load_requests(args)
     url = cfg.storage.url
+    if args.processes and url.startswith("memory://"):
+        raise ConfigError("--storage", url.split("?")[0], "a memory:// store lives inside one process; "
+                          "--processes needs a shared store (redis://, file://)")
     if memory_store_name(url) == "":
         url = with_memory_store_name(url, "fleet")   # one store shared by the engines of this process
-    out: dict[str, Any] = {"config": path.stem, "workload": work.name, "routing": args.routing, "engines": n}
+    out: dict[str, Any] = {"config": path.stem, "workload": work.name, "routing": args.routing, "engines": n,
+                           "processes": bool(args.processes)}
     out["fleet"] = _fleet_once(args, layout, cfg, ecfg, work, n, "fleet", url)
     if args.baselines:
         out["fleet_no_l3"] = _fleet_once(args, layout, cfg, ecfg, work, n, "no-l3", NO_L3)

@@ -15,14 +15,16 @@ ends, arriving at ``max(its own arrival, that end)``. Free-running processes wou
 whether engine B finds engine A's pages in L3 depend on the machines' wall-clock speed,
 not on the workload. The L3 traffic is real: every engine writes (L3 admission) and
 fetches (its prefetch, landing when the clock says the bytes have arrived) through its own
-connection, as separate processes would.
+connection, as separate processes would -- and with :mod:`hicache.engine.fleet_proc`
+they are separate processes: the same driver over :class:`FleetEngine` s that each live in
+an OS process of their own, in lock step on the one clock.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from hicache.cache import HiCache
 from hicache.engine.loop import CacheExecutor
@@ -68,42 +70,101 @@ class FleetRun:
     wall_s: float = 0.0
 
 
+class FleetEngine(Protocol):
+    """One engine as the driver sees it: a scheduler over a cache, here or in a process
+    of its own (:mod:`hicache.engine.fleet_proc`)."""
+
+    @property
+    def now(self) -> float:
+        """The engine's virtual clock."""
+
+    def begin(self, requests: Sequence) -> None: ...
+    def add(self, req) -> None: ...
+    def busy_now(self) -> bool: ...
+    def advance(self) -> list:
+        """One scheduler iteration; the turns that ended in it, as ``(request, clock)``."""
+    def finish(self) -> tuple[EngineReport, dict]:
+        """Drain the cache; its report and its cache stats."""
+
+
+class LocalEngine:
+    """A :class:`FleetEngine` in this process: a :class:`Scheduler` over ``cache``."""
+
+    def __init__(self, cache: HiCache, cfg: EngineConfig):
+        self.cache = cache
+        self.sched = Scheduler(CacheExecutor(cache, cfg.verify, cfg.clock, cfg.copy_landing), cfg)
+        self._ended: list = []
+        self.sched.on_turn_end = lambda req, now: self._ended.append((req, now))
+
+    @property
+    def now(self) -> float:
+        return self.sched.now
+
+    def begin(self, requests: Sequence) -> None:
+        self.sched.begin(requests)
+
+    def add(self, req) -> None:
+        self.sched.add(req)
+
+    def busy_now(self) -> bool:
+        return self.sched.busy_now()
+
+    def advance(self) -> list:
+        self.sched.advance()
+        ended, self._ended = self._ended, []
+        return ended
+
+    def finish(self) -> tuple[EngineReport, dict]:
+        self.sched.end()
+        return self.sched.report, self.cache.stats()
+
+
 def run_fleet(caches: Sequence[HiCache], cfg: EngineConfig, requests: Sequence, routing: str,
               progress: Callable[[int, int], None] | None = None) -> FleetRun:
-    """Serve ``requests`` on ``caches`` (one engine each) as a router would (module doc).
-    The caches stay open (their stats are read here); the caller closes them."""
-    n = len(caches)
+    """Serve ``requests`` on ``caches`` (one engine each, in this process) as a router
+    would (module doc). The caches stay open (their stats are read here); the caller
+    closes them."""
+    return drive([LocalEngine(c, cfg) for c in caches], requests, routing, progress)
+
+
+def drive(engines: Sequence[FleetEngine], requests: Sequence, routing: str,
+          progress: Callable[[int, int], None] | None = None) -> FleetRun:
+    """Route ``requests`` over ``engines`` and run them on one virtual clock: always the
+    engine furthest behind advances one iteration; a conversation's next turn goes to its
+    engine when the previous turn ends, arriving no earlier than that end."""
+    n = len(engines)
     where = assign(requests, n, routing)
     turns: dict[str, list] = {}
     for req in sorted(requests, key=lambda r: (int(r.turn), r.arrival_s, r.request_id)):
         turns.setdefault(str(req.conversation_id), []).append(req)
-    scheds = [Scheduler(CacheExecutor(c, cfg.verify, cfg.clock, cfg.copy_landing), cfg) for c in caches]
-    done = [0]
-
-    def turn_ended(req, now: float) -> None:
-        done[0] += 1
-        if progress is not None:
-            progress(done[0], len(requests))
-        rest = turns.get(str(req.conversation_id))
-        if rest:
-            nxt = rest.pop(0)
-            scheds[where[nxt.request_id]].add(_later(nxt, now))
-
+    done = 0
     first: list[list] = [[] for _ in range(n)]
     for conv, reqs in turns.items():
         head = reqs.pop(0)
         first[where[head.request_id]].append(head)
-    for s, reqs in zip(scheds, first):
-        s.on_turn_end = turn_ended
-        s.begin(reqs)
+    for e, reqs in zip(engines, first):
+        e.begin(reqs)
     try:
         while True:
-            live = [s for s in scheds if s.busy_now()]
+            live = [e for e in engines if e.busy_now()]
             if not live:
                 break
-            min(live, key=lambda s: s.now).advance()
-    finally:
-        for s in scheds:
-            s.end()
-    return FleetRun([s.report for s in scheds], [c.stats() for c in caches], routing,
-                    wall_s=max((s.report.wall_s for s in scheds), default=0.0))
+            for req, now in min(live, key=lambda e: e.now).advance():
+                done += 1
+                if progress is not None:
+                    progress(done, len(requests))
+                rest = turns.get(str(req.conversation_id))
+                if rest:
+                    nxt = rest.pop(0)
+                    engines[where[nxt.request_id]].add(_later(nxt, now))
+    except BaseException:
+        for e in engines:          # drain what can be drained; the first failure is what counts
+            try:
+                e.finish()
+            except Exception:
+                pass
+        raise
+    results = [e.finish() for e in engines]
+    reports = [r for r, _ in results]
+    return FleetRun(reports, [st for _, st in results], routing,
+                    wall_s=max((r.wall_s for r in reports), default=0.0))

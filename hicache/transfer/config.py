@@ -28,6 +28,10 @@ class TransferConfig:
     (pending plus in flight); a submission past either bound returns ``QueueFull`` and
     allocates nothing (one op larger than the byte bound is admitted into an empty queue,
     or it could never run). ``cpu_threads``: threads of one CPU copy (0 = torch's thread count).
+    ``gpu_programs``: 0 (default) launches the Triton kernel with one program per chunk of
+    a unit; N > 0 bounds its grid to N programs looping over the work, so a per-layer load
+    leaves the other SMs to the layer compute (an experiment until measured on a GPU:
+    docs/transfer.md, "Per-layer overlap").
     """
 
     backend: str = "auto"
@@ -35,6 +39,7 @@ class TransferConfig:
     max_queued_ops: int = 4096
     max_queued_bytes: int | None = None
     cpu_threads: int = 0
+    gpu_programs: int = 0
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -42,7 +47,7 @@ class TransferConfig:
         if self.load_granularity not in LOAD_GRANULARITIES:
             raise ConfigError("transfer.load_granularity", self.load_granularity,
                               f"must be one of {list(LOAD_GRANULARITIES)}")
-        for name, minimum in (("max_queued_ops", 1), ("cpu_threads", 0)):
+        for name, minimum in (("max_queued_ops", 1), ("cpu_threads", 0), ("gpu_programs", 0)):
             v = getattr(self, name)
             check_int(f"transfer.{name}", v, minimum=minimum)
         b = self.max_queued_bytes

@@ -70,7 +70,7 @@ class TransferController:
             if self.backend == "triton" and not triton_copy.available():
                 raise MisuseError("backend 'triton' needs the triton package (pip install hicache[triton])")
             if device.type == "cuda":
-                self._exec = CudaExecutor(device, self.backend, fault_injector)
+                self._exec = CudaExecutor(device, self.backend, fault_injector, programs=cfg.gpu_programs)
             else:
                 self._exec = CpuExecutor(self.backend, cfg.cpu_threads, fault_injector)
         self._pending: list[Op] = []

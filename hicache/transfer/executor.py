@@ -131,9 +131,11 @@ class CudaExecutor:
     each group it records an event, which ``wait_layer`` and ``poll`` query.
     """
 
-    def __init__(self, device: torch.device, backend: str, fault_injector: FaultInjector | None):
+    def __init__(self, device: torch.device, backend: str, fault_injector: FaultInjector | None, *,
+                 programs: int = 0):
         self.device = device
         self.backend = backend
+        self.programs = programs      # TransferConfig.gpu_programs
         self.fault_injector = fault_injector
         self.streams = {d: torch.cuda.Stream(device=device) for d in DIRECTIONS}
 
@@ -153,7 +155,7 @@ class CudaExecutor:
                 for layer_id, segments in b.groups:
                     if self.fault_injector is not None:
                         self.fault_injector(_fault_point(b, layer_id))
-                    b.keep += run_segments(b.plan, segments, self.backend)
+                    b.keep += run_segments(b.plan, segments, self.backend, programs=self.programs)
                     b.launches += 1
                     ev = torch.cuda.Event(enable_timing=True)
                     ev.record(stream)

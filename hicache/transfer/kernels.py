@@ -55,11 +55,13 @@ def default_threads() -> int:
 
 
 def run_segments(plan: CopyPlan, segments: Sequence[Segment], backend: str, *,
-                 threads: int = 0) -> list[torch.Tensor]:
+                 threads: int = 0, programs: int = 0) -> list[torch.Tensor]:
     """Copy ``segments`` of ``plan`` with a concrete backend (see :func:`resolve_backend`).
 
-    Returns tensors an asynchronous (CUDA) launch still reads; empty for CPU backends,
-    which have finished when this returns.
+    ``threads``: the native copy's threads; ``programs``: the Triton kernel's grid bound
+    (0: one program per chunk; see :func:`hicache.transfer.triton_copy.launch`). Returns
+    tensors an asynchronous (CUDA) launch still reads; empty for CPU backends, which have
+    finished when this returns.
     """
     if not segments:
         return []
@@ -73,7 +75,7 @@ def run_segments(plan: CopyPlan, segments: Sequence[Segment], backend: str, *,
     elif backend == "torch":
         _run_torch(plan, segments)
     elif backend == "triton":
-        return triton_copy.launch(plan, segments)
+        return triton_copy.launch(plan, segments, programs=programs)
     else:
         raise AssertionError(f"run_segments needs a concrete backend, got {backend!r}")
     return []

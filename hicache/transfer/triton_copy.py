@@ -82,19 +82,44 @@ def _copy_units(base, desc, src_ids, dst_ids, chunk, BLOCK: tl.constexpr, VEC: t
             tl.store(base + dst_row + idx, vals, mask=mask)
 
 
-_KERNELS: dict[bool, object] = {}
+def _copy_units_looped(base, desc, src_ids, dst_ids, chunk, max_pairs, n_seg, n_work,
+                       BLOCK: tl.constexpr, VEC: tl.constexpr):
+    # The same copy as _copy_units on a bounded 1-D grid: program p takes work items p,
+    # p + programs, ... where item w is (pair w % max_pairs, segment (w // max_pairs) % n_seg,
+    # chunk w // (max_pairs * n_seg)). A few programs then leave the other SMs to the layer
+    # compute a per-layer load should hide behind (docs/transfer.md, "Per-layer overlap").
+    # Kept apart from _copy_units so that the default path stays the code that was measured.
+    for w in range(tl.program_id(0), n_work, tl.num_programs(0)):
+        j = w % max_pairs
+        d = desc + ((w // max_pairs) % n_seg) * 8
+        n_pairs = tl.load(d + 6)
+        unit = tl.load(d + 4)
+        start = (w // (max_pairs * n_seg)) * chunk
+        if j < n_pairs and start < unit:
+            s = tl.load(src_ids + tl.load(d + 5) + j)
+            t = tl.load(dst_ids + tl.load(d + 5) + j)
+            src_row = tl.multiple_of(tl.load(d + 0) + s * tl.load(d + 2), VEC)
+            dst_row = tl.multiple_of(tl.load(d + 1) + t * tl.load(d + 3), VEC)
+            end = tl.minimum(start + chunk, unit)
+            for off in range(start, end, BLOCK):
+                idx = off + tl.arange(0, BLOCK)
+                mask = idx < end
+                tl.store(base + dst_row + idx, tl.load(base + src_row + idx, mask=mask), mask=mask)
+
+
+_KERNELS: dict[tuple[bool, bool], object] = {}
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _kernel():
+def _kernel(looped: bool = False):
     """The jitted kernel; decorated on first use so TRITON_INTERPRET=1 set by a test
     (after hicache was imported) still selects Triton's interpreter."""
-    key = interpreting()
+    key = (interpreting(), looped)
     if key not in _KERNELS:
-        _KERNELS[key] = triton.jit(_copy_units)
+        _KERNELS[key] = triton.jit(_copy_units_looped if looped else _copy_units)
     return _KERNELS[key]
 
 
@@ -130,13 +155,16 @@ def chunking(max_unit: int, width: int, chunk_bytes: int) -> tuple[int, int, int
 
 
 def launch(plan: CopyPlan, segments: Sequence[Segment], *, chunk_bytes: int | None = None,
-           num_warps: int | None = None, vec_bytes: int | None = None) -> list[torch.Tensor]:
+           num_warps: int | None = None, vec_bytes: int | None = None,
+           programs: int = 0) -> list[torch.Tensor]:
     """Launch one kernel for ``segments`` on the current stream.
 
     ``chunk_bytes`` (default :data:`CHUNK_BYTES`) is the most one program copies;
     ``num_warps`` (default :data:`NUM_WARPS`) the warps of each program; ``vec_bytes``
     (default :data:`VEC_BYTES`) the widest alignment promised to the compiler, which
-    bounds the width of each load and store. Families of zero
+    bounds the width of each load and store. ``programs`` > 0 bounds the grid: that many
+    programs loop over the chunks (``_copy_units_looped``), leaving the rest of the GPU to
+    other streams' kernels; 0 (the default) launches one program per chunk. Families of zero
     bytes per unit (a state family a model does not use) are left out: nothing to copy, and
     an empty host tensor is never pinned.
 
@@ -192,6 +220,12 @@ def launch(plan: CopyPlan, segments: Sequence[Segment], *, chunk_bytes: int | No
     if pin:
         host = [h.pin_memory() for h in host]
     desc_t, src_t, dst_t = (h.to(device, non_blocking=True) for h in host)
-    _kernel()[(max_pairs, len(segments), n_chunks)](base, desc_t, src_t, dst_t, chunk, BLOCK=block, VEC=vec,
-                                                      num_warps=NUM_WARPS if num_warps is None else num_warps)
+    warps = NUM_WARPS if num_warps is None else num_warps
+    if programs > 0:
+        n_work = max_pairs * len(segments) * n_chunks
+        _kernel(looped=True)[(min(programs, n_work),)](base, desc_t, src_t, dst_t, chunk, max_pairs, len(segments),
+                                                       n_work, BLOCK=block, VEC=vec, num_warps=warps)
+    else:
+        _kernel()[(max_pairs, len(segments), n_chunks)](base, desc_t, src_t, dst_t, chunk, BLOCK=block, VEC=vec,
+                                                          num_warps=warps)
     return host + [desc_t, src_t, dst_t]

@@ -88,7 +88,7 @@ def test_markdown_has_the_step_bandwidth_overlap_and_failed_test_tables(tmp_path
     assert "| deepseek-v4-flash | 1,024 MiB | D2H | 45.00 | 50.00 | 0.90 | 3.00 | 0.06 |" in md
     assert "| deepseek-v4-flash | 1,024 MiB | both at once (sum) | 80.00 | 95.00 | 0.84 | | |" in md
     assert "(cudaMemcpyAsync, the DMA limit)" in md
-    assert "| deepseek-v4-flash | 512 | 41 | 10.00 | 11.00 | 12.50 | 0.85 | 11.50 | 0.95 | 0.98 |" in md
+    assert "| deepseek-v4-flash | one per chunk | 512 | 41 | 10.00 | 11.00 | 12.50 | 0.85 | 11.50 | 0.95 | 0.98 |" in md
     assert "- `tests.transfer.test_device_kernels::test_b[cuda]`: AssertionError" in md
     assert "All steps passed: **no**" in md
 
@@ -118,4 +118,5 @@ def test_one_real_step_writes_json_markdown_and_log(tmp_path):
     assert "| env | pass |" in (tmp_path / "gpu_suite.md").read_text()
     assert "===== env: exit 0" in (tmp_path / "gpu_suite.log").read_text()
     assert [s.name for s in suite.plan("cuda", tmp_path / "j.xml")] == [
-        "env", "transfer-v4-flash", "transfer-llama-3.1-8b", "overlap", "tests", "replay", "replay-tiny", "tune-copy"]
+        "env", "transfer-v4-flash", "transfer-llama-3.1-8b", "overlap", "overlap-bounded", "tests", "replay",
+        "replay-tiny", "tune-copy"]

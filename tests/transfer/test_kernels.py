@@ -112,6 +112,24 @@ def test_triton_chunks_copy_exactly_the_unit(chunk_bytes, interpret):
         assert torch.equal(dst, want), (chunk_bytes, row_bytes)
 
 
+@pytest.mark.parametrize("programs", [1, 3, 1000])
+def test_triton_bounded_grid_copies_every_chunk_once(programs, interpret):
+    # A bounded grid (programs looping over the work): fewer programs than chunks, and
+    # more than there is work; several families of different row sizes in one launch.
+    g = torch.Generator().manual_seed(5)
+    views = [(torch.randint(0, 256, (3, 9, rb), dtype=torch.uint8, generator=g),
+              torch.randint(0, 256, (3, 6, rb), dtype=torch.uint8, generator=g)) for rb in (584, 8, 0, 40)]
+    wants = []
+    for src, dst in views:
+        want = dst.clone()
+        want[:, [2, 5, 0]] = src[:, [8, 0, 5]]
+        wants.append(want)
+    plan = CopyPlan([make_row_copy(src, dst, [8, 0, 5], [2, 5, 0], name=f"f{i}") for i, (src, dst) in enumerate(views)])
+    triton_copy.launch(plan, plan.segments, chunk_bytes=64, programs=programs)
+    for (_, dst), want in zip(views, wants):
+        assert torch.equal(dst, want), programs
+
+
 def test_triton_chunking_geometry():
     # (chunk, block, n_chunks) in elements: whole blocks per chunk, enough chunks to cover.
     assert triton_copy.chunking(131072, 8, 64 << 10) == (8192, 1024, 16)      # 1 MiB unit of int64
