@@ -156,7 +156,10 @@ class AdmitConfig:
     ``burst_bytes``; the caller's clock: a replay's virtual seconds), so admission never
     competes with the fetches of L3 hits; objects the store already holds are not written
     again. ``max_pending`` bounds the candidates waiting for the budget (the lowest ranked
-    are dropped, counted). Defaults: docs/policy.md, "L3 admission".
+    are dropped, counted). ``memo_keys`` bounds the record of page and snapshot keys known
+    to be in the store (least recently seen forgotten first, counted): forgetting costs only
+    an existence check when the chain is offered again, never a second write. Defaults:
+    docs/policy.md, "L3 admission".
     """
 
     mode: str = "published"
@@ -164,6 +167,7 @@ class AdmitConfig:
     gbps: float = 0.5
     burst_bytes: int = 256 << 20
     max_pending: int = 1024
+    memo_keys: int = 1 << 20
 
     def __post_init__(self) -> None:
         if self.mode not in L3_ADMIT_MODES:
@@ -172,6 +176,7 @@ class AdmitConfig:
         check_number("l3_admit_gbps", self.gbps, reason="must be a finite number of GB/s > 0")
         check_int("l3_admit_burst_bytes", self.burst_bytes, minimum=1)
         check_int("l3_admit_max_pending", self.max_pending, minimum=1)
+        check_int("l3_admit_memo_keys", self.memo_keys, minimum=1)
 
 
 @dataclass(frozen=True)
@@ -231,6 +236,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "l3_admit_gbps": ("admit", "gbps", None),
     "l3_admit_burst_bytes": ("admit", "burst_bytes", _BYTES),
     "l3_admit_max_pending": ("admit", "max_pending", None),
+    "l3_admit_memo_keys": ("admit", "memo_keys", None),
 }
 # Keys of earlier revisions, with what replaced them.
 _REPLACED = {k: "no longer a setting: the depth weight's ghost tuner was replaced by eviction: adaptive, which "

@@ -34,7 +34,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from collections import OrderedDict
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -103,6 +104,38 @@ class _Flight:
     object_bytes: int = 0
 
 
+class KeyMemo:
+    """A set of keys bounded to ``capacity``, the least recently added or found forgotten
+    first (``forgotten`` counts them): what admission knows to be in the store, which a
+    long-running engine must not let grow with every key it ever wrote."""
+
+    def __init__(self, capacity: int):
+        assert capacity >= 1
+        self.capacity = capacity
+        self.forgotten = 0
+        self._keys: OrderedDict[bytes, None] = OrderedDict()
+
+    def __contains__(self, key: object) -> bool:
+        if key in self._keys:
+            self._keys.move_to_end(key)      # type: ignore[arg-type]
+            return True
+        return False
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def add(self, key: bytes) -> None:
+        self._keys[key] = None
+        self._keys.move_to_end(key)
+        while len(self._keys) > self.capacity:
+            self._keys.popitem(last=False)
+            self.forgotten += 1
+
+    def update(self, keys: Iterable[bytes]) -> None:
+        for k in keys:
+            self.add(k)
+
+
 class L3Admission:
     """Chooses the chains L3 receives and writes them, paced (see module docstring)."""
 
@@ -122,8 +155,8 @@ class L3Admission:
         self._virtual = False                              # the caller passes its own clock
         self._flights: dict[PutTicket, _Flight] = {}
         self._inflight: set[TreeNode] = set()
-        self._stored_pages: set[bytes] = set()           # page hashes written or found in L3
-        self._stored_states: set[bytes] = set()          # snapshot keys written or found in L3
+        self._stored_pages = KeyMemo(cfg.memo_keys)      # page hashes written or found in L3
+        self._stored_states = KeyMemo(cfg.memo_keys)     # snapshot keys written or found in L3
         self._inflight_states: set[bytes] = set()
 
     @property
@@ -319,6 +352,7 @@ class L3Admission:
                 self._stored_states.add(flight.state_key)
         if flight.nodes:
             self._stored_pages.update(h for h, s in zip(ticket.hashes, stored) if s)
+        c.l3_admit_memo_forgotten = self._stored_pages.forgotten + self._stored_states.forgotten
         for node in flight.nodes:
             self._inflight.discard(node)
 

@@ -176,6 +176,7 @@ class AdmitCounters:
     l3_admit_throttled: int = 0          # chains that waited for the bandwidth budget
     l3_admit_dropped: int = 0            # chains given up: over max_pending, or the queue full
     l3_admit_engine_us: int = 0          # engine-thread microseconds spent choosing and staging
+    l3_admit_memo_forgotten: int = 0     # keys dropped from the bounded record of what L3 holds
 
 
 @dataclass

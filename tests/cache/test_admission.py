@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from hicache.cache import HiCache, admission_active
+from hicache.cache.admission import KeyMemo
 from hicache.config import AdmitConfig, cache_config_from_mapping
 from hicache.errors import ConfigError
 from tests.cache.conftest import P, Engine, make_cache, mha_layout, toks
@@ -177,3 +178,28 @@ def test_admission_only_for_stores_someone_else_reads(url, active):
     assert isinstance(cache, HiCache) and cache._admission.enabled is active
     assert admission_active(ON, url) is active
     cache.close()
+
+
+def test_the_memo_of_stored_keys_is_bounded_in_recency_order():
+    memo = KeyMemo(2)
+    memo.update([b"a", b"b"])
+    assert b"a" in memo                   # found: now the most recent
+    memo.add(b"c")                        # forgets b, the least recent
+    assert len(memo) == 2 and memo.forgotten == 1
+    assert b"b" not in memo and b"a" in memo and b"c" in memo
+
+
+def test_a_bounded_memo_forgets_keys_but_never_writes_an_object_twice():
+    small = AdmitConfig(mode="published", min_tokens=2 * P, gbps=1.0, burst_bytes=1 << 20, memo_keys=2)
+    eng = Engine(make_cache(storage="memory://adm-memo", admit=small, **ROOMY))
+    serve(eng, [toks(1, 2, 3, extra=1), toks(1, 2, 3, 4, extra=1)])
+    c = eng.cache.counters
+    # a: 3 pages + its snapshot; b: one page more + its snapshot. The memo kept two page
+    # keys of a's three (1 forgotten), so b's chain asked the store about a's pages again:
+    # found, not rewritten; recording them and b's page forgot 3 + 1 more.
+    assert c.l3_admit_objects == 4 + 2
+    assert c.l3_admit_skipped_existing == 3 and c.l3_admit_memo_forgotten == 1 + 3 + 1
+    eng.cache.check_integrity()
+    eng.cache.close()
+    with pytest.raises(ConfigError, match="l3_admit_memo_keys"):
+        AdmitConfig(memo_keys=0)
