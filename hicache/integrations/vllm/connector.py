@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Optional
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
                                                                    KVConnectorRole)
-    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 except ImportError as exc:  # this module is what vLLM loads; hicache itself never imports it
     raise ImportError(f"hicache.integrations.vllm.connector needs vLLM with KVConnectorBase_V1 (vllm>=0.32): "
@@ -117,6 +117,47 @@ class HiCacheStats(KVConnectorStats):
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
+
+
+# What HiCacheStats carries (Bridge.stats(): the bridge's counters and the cache's), each a
+# Prometheus counter ``vllm:hicache_<name>`` with vLLM's per-engine labels.
+PROM_COUNTERS = {
+    "lookups": "scheduler lookups answered by hicache",
+    "lookups_deferred": "lookups answered 'ask again' while an L3 prefetch was in flight",
+    "lookup_hit_tokens": "tokens hicache promised beyond vLLM's own prefix cache",
+    "loaded_tokens": "tokens loaded into vLLM's blocks",
+    "load_failed_tokens": "promised tokens whose load failed (vLLM recomputes them)",
+    "saved_pages": "pages copied out of vLLM's blocks into hicache",
+    "save_failures": "saves that failed",
+    "published_pages": "pages published into hicache's tree",
+    "finished": "requests finished",
+    "cache_hit_tokens": "hicache's hit tokens (all tiers)",
+    "cache_match_tokens": "tokens hicache was asked to match",
+    "cache_loaded_pages": "pages hicache loaded host -> pool",
+    "cache_l3_hit_tokens": "hit tokens served from L3",
+    "cache_l3_prefetched_pages": "pages prefetched from L3",
+    "cache_l3_put_objects": "objects written to L3",
+}
+
+
+class HiCachePromMetrics(KVConnectorPromMetrics):
+    """hicache's counters in vLLM's Prometheus registry: ``observe`` adds each interval's
+    deltas (:class:`HiCacheStats`) to ``vllm:hicache_<name>`` for the engine's labels."""
+
+    def __init__(self, vllm_config: Any, metric_types: dict, labelnames: list[str],
+                 per_engine_labelvalues: dict[int, list[object]]):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.counters: dict[str, dict[int, Any]] = {}
+        for name, doc in PROM_COUNTERS.items():
+            metric = self._counter_cls(name=f"vllm:hicache_{name}", documentation=f"hicache: {doc}",
+                                       labelnames=labelnames)
+            self.counters[name] = {i: metric.labels(*values) for i, values in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            per_engine = self.counters.get(name)
+            if per_engine is not None and engine_idx in per_engine and value > 0:
+                per_engine[engine_idx].inc(value)
 
 
 class HiCacheConnector(KVConnectorBase_V1):
@@ -236,6 +277,11 @@ class HiCacheConnector(KVConnectorBase_V1):
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Optional[HiCacheStats]:
         return HiCacheStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> HiCachePromMetrics:
+        return HiCachePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self) -> None:
         if not self._closed:

@@ -227,3 +227,29 @@ def test_concurrent_requests_chunked_prefill_and_a_small_kv_budget(engine_env):
     s = b.stats()
     assert s["loaded_tokens"] > 0 and s["save_failures"] == 0 and s["load_failed_tokens"] == 0, s
     stop(llm)
+
+
+def test_prometheus_series_through_vllms_connector_metrics():
+    # vLLM's own KVConnectorProm resolves the connector class from the transfer config,
+    # asks it for its metrics and feeds it the interval's stats; the series land in
+    # prometheus_client's registry under vLLM's per-engine labels.
+    from types import SimpleNamespace
+
+    import prometheus_client
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
+
+    from hicache.integrations.vllm.connector import PROM_COUNTERS, HiCacheConnector
+
+    ktc = KVTransferConfig(kv_connector="HiCacheConnector", kv_role="kv_both",
+                           kv_connector_module_path="hicache.integrations.vllm.connector")
+    prom = KVConnectorProm(SimpleNamespace(kv_transfer_config=ktc), ["model_name", "engine"],
+                           {0: ["tiny", "0"], 1: ["tiny", "1"]})
+    assert prom.prom_metrics is not None and set(prom.prom_metrics.counters) == set(PROM_COUNTERS)
+    stats = HiCacheConnector.build_kv_connector_stats({"loaded_tokens": 256, "lookups": 3, "hit_rate": 0})
+    prom.observe(stats.data, engine_idx=1)
+    prom.observe({"loaded_tokens": 128}, engine_idx=1)
+    value = prometheus_client.REGISTRY.get_sample_value
+    assert value("vllm:hicache_loaded_tokens_total", {"model_name": "tiny", "engine": "1"}) == 384
+    assert value("vllm:hicache_lookups_total", {"model_name": "tiny", "engine": "1"}) == 3
+    assert value("vllm:hicache_loaded_tokens_total", {"model_name": "tiny", "engine": "0"}) == 0
