@@ -9,10 +9,12 @@ pairs on axis 0 (up to 2**31 - 1), segments on axis 1 and chunks on axis 2::
     src address = base + src_off + src_ids[ids_start + j] * src_id_stride     (elements)
     elements copied = [c * chunk, min((c + 1) * chunk, unit))
 
-Chunks keep every program short: a Llama-style page of 1 MiB per layer copied by one
-program (a serial loop of 128 blocks) left most of the card idle, and its stores to pinned
-host memory ran at a tenth of the DMA rate on an H200 (``bench/gpu``); cut into chunks, the
-same bytes are spread over many programs. Units no larger than a chunk have one chunk.
+Chunks keep every program short, so large units (a Llama-style page: 1 MiB per layer)
+spread over many programs; units no larger than a chunk have one chunk. On an H200 16 KiB
+chunks took DeepSeek-V4's D2H from 0.67x to 0.77x of the DMA rate and cost Llama's 0-3%
+(``bench/gpu/tune_copy.py``). What had held Llama's D2H at a tenth of the DMA rate was the
+access width, not the grid: 16-byte stores into pinned host memory; accesses are now at
+most ``VEC_BYTES`` (8).
 
 All addresses are element offsets from one *base* tensor, so families living in different
 tensors -- and, on CUDA, host pools in pinned memory reached through unified virtual
