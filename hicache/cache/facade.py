@@ -341,6 +341,21 @@ class HiCache:
         check_int("finish_prefetch: landed_pages", landed_pages, minimum=0, optional=True, misuse=True)
         return self._prefetches.finish(pf, landed_pages)
 
+    def start_fetch(self, pf: Prefetch | None) -> bool:
+        """Start fetching what ``pf``'s finished lookup found into host rows, without
+        waiting for anything; False while the lookup is still in flight (call again).
+
+        For callers that must never block (a scheduler asked to answer at once, such as
+        vLLM's ``get_num_new_matched_tokens``): once this returns True, ``pf.op.wait(0)``
+        tells when the bytes have landed, and :meth:`finish_prefetch` then inserts them
+        without waiting. Without it, :meth:`finish_prefetch` starts the fetch itself and
+        waits as the prefetch policy says.
+        """
+        if pf is None:
+            return True
+        self._check_open()
+        return self._prefetches.start_fetch(pf)
+
     def cancel_prefetch(self, pf: Prefetch | None) -> None:
         """Give up on a prefetch that will not be finished (releases its memory budget)."""
         if pf is not None:

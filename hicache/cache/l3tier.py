@@ -58,6 +58,7 @@ class Prefetch:
     state_row: int | None = None
     pinned: TreeNode | None = None   # end of the prefix the fetched pages will hang off
     finished: bool = False
+    fetch_started: bool = False      # its plan was carried out ahead of finish (start_fetch)
     inserted_tokens: int = 0
 
 
@@ -181,10 +182,13 @@ class L3Tier:
         return pf.inserted_tokens
 
     def cancel(self, pf: Prefetch) -> None:
-        """Give up on a prefetch that will not be finished (releases its memory budget)."""
+        """Give up on a prefetch that will not be finished (releases its memory budget;
+        host rows a started fetch holds go back once its worker settles)."""
         if not pf.finished:
             pf.finished = True
             pf.op.cancel()
+            if pf.page_rows is not None:
+                self._settling.append(pf)
             self._unpin(pf)
 
     def _unpin(self, pf: Prefetch) -> None:

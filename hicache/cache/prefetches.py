@@ -48,19 +48,38 @@ class Prefetches:
         self._tree.prune_root(root)   # a tenant root no prefetch pins and nothing hangs below
         return pf
 
-    def finish(self, pf: Prefetch, landed_pages: int | None) -> int:
-        """Fetch what the plan offers into host rows and insert it; returns tokens added."""
+    def start_fetch(self, pf: Prefetch) -> bool:
+        """Carry out ``pf``'s plan now if its lookup is done, without waiting; True once
+        nothing but the fetch itself is left (then ``pf.op.wait(0)`` says when it landed)."""
+        if pf.finished or pf.fetch_started:
+            return pf.fetch_started
+        if not pf.op.wait_planned(0):
+            return False
+        pf.fetch_started = True
+        if pf.op.plan is not None and pf.op.status.value == "planned":
+            self._fetch(pf, pf.op.plan)
+        return True
+
+    def _fetch(self, pf: Prefetch, plan) -> None:
         HOST, PAGE, STATE = Tier.HOST, Source.PAGE, Source.STATE
-        plan = self._l3.await_plan(pf, landed_pages)
-        if plan is not None:
-            pages = self._allocator.alloc(HOST, PAGE, plan.pages)
-            state = self._allocator.alloc(HOST, STATE, 1) if pages.ok and plan.state_index is not None else None
-            if pages.ok and (state is None or state.ok):
-                self._l3.fetch(pf, pages.ids.numpy(), int(state.ids[0]) if state is not None else None)
-            else:
-                if pages.ok:
-                    self._residency.free(HOST, PAGE, pages.ids.numpy())
-                self._l3.abandon(pf)
+        pages = self._allocator.alloc(HOST, PAGE, plan.pages)
+        state = self._allocator.alloc(HOST, STATE, 1) if pages.ok and plan.state_index is not None else None
+        if pages.ok and (state is None or state.ok):
+            self._l3.fetch(pf, pages.ids.numpy(), int(state.ids[0]) if state is not None else None)
+        else:
+            if pages.ok:
+                self._residency.free(HOST, PAGE, pages.ids.numpy())
+            self._l3.abandon(pf)
+
+    def finish(self, pf: Prefetch, landed_pages: int | None) -> int:
+        """Fetch what the plan offers into host rows (unless :meth:`start_fetch` did) and
+        insert it; returns tokens added."""
+        if pf.fetch_started:
+            pf.finished = True
+        else:
+            plan = self._l3.await_plan(pf, landed_pages)
+            if plan is not None:
+                self._fetch(pf, plan)
         tokens = self._l3.complete(pf, landed_pages)
         self._router.free_fetched_rows()
         self._router.route_removed()

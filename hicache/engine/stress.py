@@ -40,6 +40,9 @@ class StressConfig:
     follow_up: float = 0.4
     vocab: int = 50_000
     prefetch: float = 0.5      # chance a new request first prefetches from L3
+    async_fetch: float = 0.3   # of those, the chance it starts the fetch without waiting
+                               # (HiCache.start_fetch, as a scheduler that never blocks) ...
+    abort_fetch: float = 0.25  # ... and then aborts it mid-flight (cancel_prefetch)
     fault_rate: float = 0.0    # chance each copied layer fails (injected TransferError)
     expect: float = 0.2        # chance per op that a finished sequence is expected (queued)
 
@@ -121,7 +124,14 @@ class StressRunner:
         tokens = np.concatenate([prompt, output])
         m = self.cache.match(prompt)
         if m.l3_hashes and self.rng.random() < self.cfg.prefetch:
-            self.report.l3_tokens += self.cache.finish_prefetch(self.cache.prefetch(m))
+            pf = self.cache.prefetch(m)
+            if pf is not None and self.rng.random() < self.cfg.async_fetch:
+                while not self.cache.start_fetch(pf):
+                    pf.op.wait_planned(0.01)
+                if self.rng.random() < self.cfg.abort_fetch:
+                    self.cache.cancel_prefetch(pf)      # its rows go back once the fetch settles
+                    pf = None
+            self.report.l3_tokens += self.cache.finish_prefetch(pf)
             m = self.cache.match(prompt)
         lease = self.cache.load(m)
         req = _Req(lease, tokens, len(prompt), lease.resume_tokens, self._hashes(tokens), m.branch_tokens)

@@ -152,3 +152,56 @@ def test_a_prefix_only_l3_holds_is_found_by_a_fresh_cache(async_lookup):
     bridge2.finish("b")
     bridge.close()
     bridge2.close()
+
+
+def _stored_prefix(url):
+    """A cache that wrote a 4-page prefix through to ``url``; the prompt's tokens."""
+    bridge, kv, copier = engine(url)
+    tokens = list(range(900, 900 + 4 * B + 5))
+    bridge.open("a", tokens, 0, 0, list(range(5)))
+    forward(bridge, copier, bridge.plan([("a", tokens, len(tokens), list(range(5)))]), kv, {b: 2.0 for b in range(5)})
+    bridge.finish("a")
+    bridge.cache.drain()
+    return bridge, kv, tokens
+
+
+def test_async_lookup_never_waits_for_the_fetch_and_an_abort_gives_its_rows_back(monkeypatch):
+    """With ``async_lookup`` the scheduler does not wait for the L3 fetch either: while the
+    bytes are on their way the answer is None; once they landed, the prefix. A request
+    aborted mid-fetch gives its host rows back once the fetch settles."""
+    import threading
+    import uuid
+
+    from hicache.storage.memory import MemoryBackend
+
+    gate = threading.Event()
+    get_into = MemoryBackend.get_into
+
+    def slow_get_into(self, *args, **kwargs):
+        gate.wait(30)                       # the fetch is held here until the test opens the gate
+        return get_into(self, *args, **kwargs)
+
+    url = f"memory://vllm-parts-{uuid.uuid4().hex[:8]}"
+    first, kv, tokens = _stored_prefix(url)
+    monkeypatch.setattr(MemoryBackend, "get_into", slow_get_into)
+    for rid in ("aborted", "served"):
+        bridge, _, _ = engine(url, async_lookup=True)
+        host = bridge.cache.pools.host
+        gate.clear()
+        answers = [bridge.lookup(tokens, 0, rid) for _ in range(50)]
+        assert answers == [None] * 50                      # lookup, then the held fetch
+        assert host.num_used("page") >= 4                  # the fetch's rows are taken
+        if rid == "aborted":
+            bridge.finish(rid)                             # vLLM aborted the request
+            gate.set()
+            bridge.cache.drain()
+            assert host.num_used("page") == 0 and host.num_used("state") == 0
+        else:
+            gate.set()
+            for _ in range(2000):
+                if (got := bridge.lookup(tokens, 0, rid)) is not None:
+                    break
+            assert got == 4 * B
+        bridge.cache.check_integrity()
+        bridge.close()
+    first.close()

@@ -100,9 +100,11 @@ class Bridge:
 
         Pages only L3 holds are fetched into the host pool first, so what is promised here
         is resident when :meth:`open` leases it a moment later in the same scheduler step.
-        With ``async_lookup`` (and a ``req_id`` to remember it by) the L3 existence round
-        trip never blocks the scheduler; the fetch of what it found waits as the configured
-        prefetch policy says."""
+        With ``async_lookup`` (and a ``req_id`` to remember it by) nothing of L3 blocks the
+        scheduler: the existence round trip and then the fetch of what it found run behind
+        it (``HiCache.start_fetch``), the request is asked about again each step (None) and
+        answered once the bytes are in the host pool. Without it the fetch waits as the
+        configured prefetch policy says."""
         self.counters["lookups"] += 1
         toks = np.asarray(tokens, dtype=np.int32)
         m = self.cache.match(toks)
@@ -110,7 +112,7 @@ class Bridge:
         if pf is None and m.l3_hashes:
             pf = self.cache.prefetch(m)
         if pf is not None:
-            if self.async_lookup and req_id is not None and not pf.op.wait_planned(0):
+            if self.async_lookup and req_id is not None and not (self.cache.start_fetch(pf) and pf.op.wait(0)):
                 self._prefetching[req_id] = pf
                 self.counters["lookups_deferred"] += 1
                 return None
