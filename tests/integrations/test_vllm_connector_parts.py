@@ -130,12 +130,7 @@ def test_a_prefix_only_l3_holds_is_found_by_a_fresh_cache(async_lookup):
     import uuid
 
     url = f"memory://vllm-parts-{uuid.uuid4().hex[:8]}"
-    bridge, kv, copier = engine(url)
-    tokens = list(range(900, 900 + 4 * B + 5))
-    bridge.open("a", tokens, 0, 0, list(range(5)))
-    forward(bridge, copier, bridge.plan([("a", tokens, len(tokens), list(range(5)))]), kv, {b: 2.0 for b in range(5)})
-    bridge.finish("a")
-    bridge.cache.drain()
+    bridge, kv, tokens = _stored_prefix(url)
     bridge2, kv2, copier2 = engine(url, async_lookup=async_lookup)
     answers = []
     for _ in range(2000):
