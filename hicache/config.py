@@ -157,8 +157,10 @@ class AdmitConfig:
     competes with the fetches of L3 hits; objects the store already holds are not written
     again. ``max_pending`` bounds the candidates waiting for the budget (the lowest ranked
     are dropped, counted). ``memo_keys`` bounds the record of page and snapshot keys known
-    to be in the store (least recently seen forgotten first, counted): forgetting costs only
-    an existence check when the chain is offered again, never a second write. Defaults:
+    to be in the store (least recently seen forgotten first, counted; about 150 bytes a
+    key): a forgotten chain offered again is gathered and offered to the store once more,
+    which finds it and writes nothing (bytes read and a budget charge, refunded; never a
+    second write). Defaults:
     docs/policy.md, "L3 admission".
     """
 
@@ -167,7 +169,7 @@ class AdmitConfig:
     gbps: float = 0.5
     burst_bytes: int = 256 << 20
     max_pending: int = 1024
-    memo_keys: int = 1 << 20
+    memo_keys: int = 1 << 18
 
     def __post_init__(self) -> None:
         if self.mode not in L3_ADMIT_MODES:

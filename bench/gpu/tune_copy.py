@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python -m bench.gpu.tune_copy [--device cuda] [--kib 524288] [--json PATH]
 
-For each layout (Llama-3.1-8B: 1 MiB per page and layer; DeepSeek-V4-Flash: 8 small
-families and 3 state families), host layout (layer_first, page_first) and direction (D2H,
+For each layout (Llama-3.1-8B: 1 MiB per page and layer; DeepSeek-V4-Flash: 3 history
+and 3 state families with bytes), host layout (layer_first, page_first) and direction (D2H,
 H2D), it copies the same scattered pages with :func:`hicache.transfer.triton_copy.launch`
 at every ``chunk_bytes`` x ``num_warps`` x ``vec_bytes`` of the grid below, one
 ``copy_`` per unit (the copy engine), and a contiguous pinned

@@ -107,7 +107,8 @@ class _Flight:
 class KeyMemo:
     """A set of keys bounded to ``capacity``, the least recently added or found forgotten
     first (``forgotten`` counts them): what admission knows to be in the store, which a
-    long-running engine must not let grow with every key it ever wrote."""
+    long-running engine must not let grow with every key it ever wrote (about 150 bytes a
+    key in CPython)."""
 
     def __init__(self, capacity: int):
         assert capacity >= 1

@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     ecfg = engine_config(args, path)
     work = load_requests(args)
     url = cfg.storage.url
-    if args.processes and url.startswith("memory://"):
+    if args.processes and memory_store_name(url) is not None:
         raise ConfigError("--storage", url.split("?")[0], "a memory:// store lives inside one process; "
                           "--processes needs a shared store (redis://, file://)")
     if memory_store_name(url) == "":

@@ -34,6 +34,7 @@ from hicache.engine.fleet import FleetRun, drive
 from hicache.engine.records import EngineConfig, EngineReport
 from hicache.errors import ConfigError, HiCacheError
 from hicache.layout import CacheLayout
+from hicache.storage import memory_store_name
 
 REPLY_TIMEOUT_S = 600.0     # one iteration (or a drain) taking longer means a hung engine
 
@@ -88,7 +89,14 @@ class ProcessEngine:
         self.proc.start()
         child.close()
         self.now, self._busy = 0.0, False
-        self._reply()            # the cache is built (or its error is raised here)
+        # broken: a call failed or was interrupted between its send and its reply, so the
+        # pipe's next message is not the answer to the next call; nothing more is asked
+        self.broken = True
+        try:
+            self._reply()        # the cache is built (or its error is raised here)
+        except BaseException:
+            self.stop()
+            raise
 
     def _reply(self) -> Any:
         if not self.conn.poll(REPLY_TIMEOUT_S):
@@ -102,9 +110,13 @@ class ProcessEngine:
                                f"(exit code {self.proc.exitcode})") from None
         if status == "error":
             raise HiCacheError(f"fleet engine #{self.index}: {value}")
+        self.broken = False
         return value
 
     def _call(self, op: str, *args: Any) -> Any:
+        if self.broken:
+            raise HiCacheError(f"fleet engine #{self.index} (pid {self.proc.pid}) failed earlier; not asked again")
+        self.broken = True
         try:
             self.conn.send((op, args))
         except (BrokenPipeError, OSError):
@@ -148,7 +160,7 @@ def run_fleet_processes(layout: CacheLayout, cfg: HiCacheConfig, engines: int, e
     its own connection to ``cfg.storage.url`` (which must be shared: Redis, a cluster,
     ``file://``, or ``none://`` for a fleet without L3)."""
     url = cfg.storage.url
-    if url.startswith("memory://"):
+    if memory_store_name(url) is not None:
         raise ConfigError("--storage", url.split("?")[0], "a memory:// store lives inside one process; engine "
                           "processes (--processes) share redis://, file:// or none://")
     procs: list[ProcessEngine] = []

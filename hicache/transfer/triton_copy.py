@@ -121,7 +121,9 @@ def _kernel(looped: bool = False):
     (after hicache was imported) still selects Triton's interpreter."""
     key = (interpreting(), looped)
     if key not in _KERNELS:
-        _KERNELS[key] = triton.jit(_copy_units_looped if looped else _copy_units)
+        # the looped kernel's counts change with every batch: one compilation for all of them
+        _KERNELS[key] = (triton.jit(_copy_units_looped, do_not_specialize=["chunk", "max_pairs", "n_seg", "n_work"])
+                         if looped else triton.jit(_copy_units))
     return _KERNELS[key]
 
 
@@ -161,7 +163,8 @@ def launch(plan: CopyPlan, segments: Sequence[Segment], *, chunk_bytes: int | No
            programs: int = 0) -> list[torch.Tensor]:
     """Launch one kernel for ``segments`` on the current stream.
 
-    ``chunk_bytes`` (default :data:`CHUNK_BYTES`) is the most one program copies;
+    ``chunk_bytes`` (default :data:`CHUNK_BYTES`) is about the most one program copies
+    (rounded up to whole blocks of at least 16 elements: :func:`chunking`);
     ``num_warps`` (default :data:`NUM_WARPS`) the warps of each program; ``vec_bytes``
     (default :data:`VEC_BYTES`) the widest alignment promised to the compiler, which
     bounds the width of each load and store. ``programs`` > 0 bounds the grid: that many
@@ -182,7 +185,13 @@ def launch(plan: CopyPlan, segments: Sequence[Segment], *, chunk_bytes: int | No
     if device.type == "cpu":
         if not interpreting():
             raise MisuseError("backend 'triton' on CPU tensors runs only under TRITON_INTERPRET=1")
-    for it in {plan.items[s.item].name: plan.items[s.item] for s in segments}.values():
+    if len(segments) > MAX_GRID_Z:   # grid axis 1 holds at most 65,535 segments: launch in slices
+        keep: list[torch.Tensor] = []
+        for i in range(0, len(segments), MAX_GRID_Z):
+            keep += launch(plan, segments[i:i + MAX_GRID_Z], chunk_bytes=chunk_bytes, num_warps=num_warps,
+                           vec_bytes=vec_bytes, programs=programs)
+        return keep
+    for it in (plan.items[i] for i in sorted({s.item for s in segments})):
         for t in (it.src, it.dst):
             if t.device.type == "cpu" and device.type == "cuda" and not t.is_pinned():
                 raise MisuseError(f"{it.name}: host memory must be pinned for the Triton kernel")

@@ -80,3 +80,32 @@ def test_cli_processes_with_a_memory_store_is_one_line():
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "--storage" in r.stderr and "memory://" in r.stderr
+
+
+def test_a_hung_engine_is_waited_for_once_and_not_asked_again(tmp_path, monkeypatch):
+    # An engine that stops answering (SIGSTOP stands in for a hang) fails the run after one
+    # reply timeout; the error path does not wait on it a second time to drain it.
+    import signal
+    import time
+
+    from hicache.engine import fleet_proc
+    from hicache.engine.fleet import drive
+
+    cache = _cache(f"file://{tmp_path}")
+    layout, cfg = cache.layout, cache.config
+    cache.close()
+    engines = [ProcessEngine(i, layout, cfg, CFG) for i in range(2)]
+    monkeypatch.setattr(fleet_proc, "REPLY_TIMEOUT_S", 3.0)
+    os.kill(engines[1].proc.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(HiCacheError, match=r"fleet engine #1 .* did not answer in 3 s"):
+            drive(engines, small_chat(n=4), "round-robin")
+        assert time.monotonic() - t0 < 2 * 3.0       # one timeout, not a second one in the drain
+        assert engines[1].broken and not engines[0].broken
+        with pytest.raises(HiCacheError, match="not asked again"):
+            engines[1].advance()
+    finally:
+        os.kill(engines[1].proc.pid, signal.SIGCONT)
+        for e in engines:
+            e.stop()

@@ -200,3 +200,19 @@ def test_async_lookup_never_waits_for_the_fetch_and_an_abort_gives_its_rows_back
         bridge.cache.check_integrity()
         bridge.close()
     first.close()
+
+
+def test_stats_deltas_are_reported_once_whichever_connector_asks():
+    # vLLM's scheduler-side and worker-side connectors share one bridge and vLLM sums what
+    # both report: each change must come out of exactly one of them.
+    bridge, kv, copier = engine()
+    tokens = list(range(300, 300 + 2 * B + 3))
+    assert bridge.lookup(tokens, 0) == 0
+    scheduler_side = bridge.take_stats_delta()
+    worker_side = bridge.take_stats_delta()
+    assert scheduler_side["lookups"] == 1 and worker_side["lookups"] == 0
+    bridge.lookup(tokens, 0)
+    bridge.lookup(tokens, 0)
+    assert bridge.take_stats_delta()["lookups"] == 2 and bridge.take_stats_delta()["lookups"] == 0
+    assert all(isinstance(v, int) for v in bridge.take_stats_delta().values())
+    bridge.close()

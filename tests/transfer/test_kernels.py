@@ -130,6 +130,20 @@ def test_triton_bounded_grid_copies_every_chunk_once(programs, interpret):
         assert torch.equal(dst, want), programs
 
 
+def test_triton_launches_more_segments_than_a_grid_axis_holds_in_slices(interpret, monkeypatch):
+    # Grid axis 1 holds 65,535 segments; past that the launch is cut into slices (here the
+    # limit is lowered to 2 so that 3 layers x 2 families = 6 segments take 3 launches).
+    monkeypatch.setattr(triton_copy, "MAX_GRID_Z", 2)
+    g = torch.Generator().manual_seed(9)
+    views = [(torch.randint(0, 256, (3, 5, rb), dtype=torch.uint8, generator=g),
+              torch.zeros(3, 4, rb, dtype=torch.uint8)) for rb in (24, 40)]
+    plan = CopyPlan([make_row_copy(src, dst, [4, 1], [0, 3], name=f"f{i}") for i, (src, dst) in enumerate(views)])
+    assert len(plan.segments) == 6
+    triton_copy.launch(plan, plan.segments)
+    for src, dst in views:
+        assert torch.equal(dst[:, [0, 3]], src[:, [4, 1]]) and not dst[:, [1, 2]].any()
+
+
 def test_triton_chunking_geometry():
     # (chunk, block, n_chunks) in elements: whole blocks per chunk, enough chunks to cover.
     assert triton_copy.chunking(131072, 8, 64 << 10) == (8192, 1024, 16)      # 1 MiB unit of int64

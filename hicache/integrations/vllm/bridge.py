@@ -31,6 +31,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -84,6 +85,8 @@ class Bridge:
         self.P = block_tokens
         self.async_lookup = async_lookup
         self._prefetching: dict[str, Prefetch] = {}       # request -> its L3 lookup in flight
+        self._stats_lock = threading.Lock()
+        self._reported: dict[str, int] = {}                # counters as last reported to vLLM
         self._reqs: dict[str, _Req] = {}
         self._pending_loads: list[CopyOp] = []
         self._failed_blocks: set[int] = set()
@@ -253,6 +256,16 @@ class Bridge:
                 self._close(req)
         self._saves.clear()
         self.cache.close()
+
+    def take_stats_delta(self) -> dict[str, int]:
+        """The integer counters' change since the last call, from whichever connector
+        object asks: the scheduler's and the worker's connectors share this bridge and vLLM
+        sums what both report, so a baseline per connector would count everything twice."""
+        with self._stats_lock:
+            now = {k: v for k, v in self.stats().items() if isinstance(v, int)}
+            delta = {k: v - self._reported.get(k, 0) for k, v in now.items()}
+            self._reported = now
+        return delta
 
     def stats(self) -> dict:
         out = dict(self.counters)

@@ -175,7 +175,6 @@ class HiCacheConnector(KVConnectorBase_V1):
         self._failed: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._saved_layers: dict[int, int] = {}
-        self._reported: dict[str, int] = {}
         self._live: dict[str, Any] = {}   # scheduler: running requests (vLLM's objects, live)
         self._asked: dict[str, int] = {}  # scheduler: the local hit each lookup was asked past
         self._closed = False
@@ -269,10 +268,7 @@ class HiCacheConnector(KVConnectorBase_V1):
         return False, None
 
     def get_kv_connector_stats(self) -> Optional[HiCacheStats]:
-        now = self.bridge.stats()
-        delta = {k: v - self._reported.get(k, 0) for k, v in now.items() if isinstance(v, int)}
-        self._reported = {k: v for k, v in now.items() if isinstance(v, int)}
-        return HiCacheStats(data=delta)
+        return HiCacheStats(data=self.bridge.take_stats_delta())
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Optional[HiCacheStats]:

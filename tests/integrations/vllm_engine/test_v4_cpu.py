@@ -17,7 +17,6 @@ generates. The connector's part (offloading every V4 family) follows once it run
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -58,15 +57,15 @@ def _missing_ops() -> list[str]:
     return [op for op in V4_OPS if not hasattr(torch.ops._C, op)]
 
 
-def test_tiny_deepseek_v4_starts_and_generates_where_vllm_has_its_cpu_ops(tmp_path):
+def test_tiny_deepseek_v4_starts_and_generates_where_vllm_has_its_cpu_ops(tmp_path, monkeypatch):
     missing = _missing_ops()
     if missing:
         pytest.skip(f"vLLM's CPU build here lacks DeepSeek-V4's ops {missing} (AVX-512 BF16 build only; "
                     "docs/integrations.md)")
     from vllm import LLM, SamplingParams
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     llm = LLM(model=str(make_tiny_v4(tmp_path / "tiny-v4")), load_format="dummy", skip_tokenizer_init=True,
               max_model_len=1024, enforce_eager=True, dtype="bfloat16", max_num_seqs=4,
               max_num_batched_tokens=1024, seed=0)
