@@ -1,4 +1,5 @@
-"""Time to first token in vLLM's real CPU engine, with HiCacheConnector and without, same run.
+"""Time to first token in vLLM's real CPU engine: with HiCacheConnector, with vLLM's own
+OffloadingConnector (CPU tier) and with neither, same run.
 
     PYTHONPATH=. VENV/bin/python bench/vllm_ttft.py [--conversations 8] [--turns 6]
         [--user-tokens 200] [--answer-tokens 16] [--kv-blocks 24] [--big-kv 200] [--json]
@@ -8,7 +9,9 @@ answers) plus ``--user-tokens`` new tokens; conversations take turns round-robin
 request at a time, so every TTFT is one prefill. vLLM gets ``--kv-blocks`` KV blocks
 (``num_gpu_blocks_override``; 128 tokens each on CPU), too few to keep every conversation:
 between a conversation's turns vLLM evicts its prefix, and only hicache (host pool, then
-L3 on ``file://``) still has it. Both engines serve a tiny random-weight GQA Llama made on
+L3 on ``file://``) or vLLM's offloading CPU tier (256 MiB; run through the test-only spec
+``tests/integrations/vllm_engine/cpu_offload_spec.py``, as vLLM's offloading worker runs
+only on GPUs) still has it. All engines serve a tiny random-weight GQA Llama made on
 the spot (``tests/integrations/vllm_engine/tiny_llama.py``), greedy; their outputs must be
 identical to vLLM alone with room for every conversation (``--big-kv``: both reuse
 each token's KV as first computed; the benchmark fails otherwise). Reports TTFT p50/p90 (vLLM's own
@@ -35,12 +38,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.integrations.vllm_engine.tiny_llama import VOCAB, make_tiny_llama  # noqa: E402
 
 
+# vLLM's own offloading (OffloadingConnector, CPU primary tier) runs on the CPU backend only
+# through the test-only spec of tests/integrations/vllm_engine/cpu_offload_spec.py (its copy
+# is a memmove per block; docs/integrations.md)
+OFFLOAD = {"spec_name": "CPUTieringOffloadingSpec", "spec_module_path": "tests.integrations.vllm_engine.cpu_offload_spec",
+           "cpu_bytes_to_use": 256 << 20, "secondary_tiers": []}
+
+
 def engine(model: Path, kv_blocks: int, store: str | None):
+    """``store``: None (vLLM alone), ``"offload"`` (vLLM's OffloadingConnector) or hicache's
+    L3 URL (HiCacheConnector)."""
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
     kw = {}
-    if store is not None:
+    if store == "offload":
+        kw["kv_transfer_config"] = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                                    kv_connector_extra_config=dict(OFFLOAD))
+    elif store is not None:
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="HiCacheConnector", kv_connector_module_path="hicache.integrations.vllm.connector",
             kv_role="kv_both", kv_load_failure_policy="recompute",
@@ -94,14 +109,15 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="vllm-ttft-"))
     model = make_tiny_llama(work / "tiny-llama")
     rows = {}
-    runs = [("vllm", None, args.kv_blocks), ("vllm+hicache", f"file://{work / 'store'}", args.kv_blocks)]
+    runs = [("vllm", None, args.kv_blocks), ("vllm+hicache", f"file://{work / 'store'}", args.kv_blocks),
+            ("vllm+offloading", "offload", args.kv_blocks)]
     if args.big_kv:
         runs.append((f"vllm {args.big_kv} blocks", None, args.big_kv))
     for name, store, blocks in runs:
         llm = engine(model, blocks, store)
         serve(llm, argparse.Namespace(**{**vars(args), "turns": 1, "conversations": 1, "seed": 99}))  # warm-up
         rows[name] = serve(llm, args)
-        if store is not None:
+        if store not in (None, "offload"):
             from hicache.integrations.vllm.connector import bridge_for
 
             b = bridge_for(llm.llm_engine.vllm_config.kv_transfer_config.engine_id)
