@@ -129,7 +129,8 @@ class StressRunner:
                 while not self.cache.start_fetch(pf):
                     pf.op.wait_planned(0.01)
                 if self.rng.random() < self.cfg.abort_fetch:
-                    self.cache.cancel_prefetch(pf)      # its rows go back once the fetch settles
+                    self.cache.cancel_prefetch(pf)      # its rows go back once the fetch settles:
+                    pf.op.wait_settled(30)              # here, so a seed replays the same run
                     pf = None
             self.report.l3_tokens += self.cache.finish_prefetch(pf)
             m = self.cache.match(prompt)
