@@ -41,8 +41,7 @@ from tests.integrations.vllm_engine.tiny_llama import VOCAB, make_tiny_llama  # 
 # vLLM's own offloading (OffloadingConnector, CPU primary tier) runs on the CPU backend only
 # through the test-only spec of tests/integrations/vllm_engine/cpu_offload_spec.py (its copy
 # is a memmove per block; docs/integrations.md)
-OFFLOAD = {"spec_name": "CPUTieringOffloadingSpec", "spec_module_path": "tests.integrations.vllm_engine.cpu_offload_spec",
-           "cpu_bytes_to_use": 256 << 20, "secondary_tiers": []}
+OFFLOAD = {"cpu_bytes_to_use": 256 << 20, "secondary_tiers": []}
 
 
 def engine(model: Path, kv_blocks: int, store: str | None):
@@ -53,8 +52,10 @@ def engine(model: Path, kv_blocks: int, store: str | None):
 
     kw = {}
     if store == "offload":
+        from tests.integrations.vllm_engine.cpu_offload_spec import SPEC_CONFIG
+
         kw["kv_transfer_config"] = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
-                                                    kv_connector_extra_config=dict(OFFLOAD))
+                                                    kv_connector_extra_config={**SPEC_CONFIG, **OFFLOAD})
     elif store is not None:
         kw["kv_transfer_config"] = KVTransferConfig(
             kv_connector="HiCacheConnector", kv_connector_module_path="hicache.integrations.vllm.connector",

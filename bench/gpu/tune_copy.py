@@ -15,7 +15,6 @@ On CPU (``--device cpu``, ``TRITON_INTERPRET=1``, the tiny layout) it checks tha
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -24,6 +23,7 @@ import time
 import numpy as np
 import torch
 
+from bench.gpu.suite import _Parser
 from hicache.cli.bench_pools import Clock, fill, full_pools
 from hicache.cli.common import resolve_config
 from hicache.config import load_config
@@ -113,7 +113,7 @@ def sweep_layout(name: str, device: torch.device, kib: int, reps: int, host_layo
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="bench/gpu/tune_copy.py", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="bench/gpu/tune_copy.py", description=__doc__.split("\n\n")[0])   # errors: one line
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--kib", type=int, default=None, help="KiB per direction (default 524288 = 512 MiB on CUDA, 8 on CPU)")
     p.add_argument("--reps", type=int, default=None)
@@ -135,8 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     reps = a.reps or (4 if device.type == "cuda" else 1)
     t0 = time.monotonic()
     names = a.layouts.split(",") if a.layouts else (LAYOUTS if device.type == "cuda" else ("tiny-hybrid",))
-    chunks = tuple(int(c) << 10 for c in a.chunks.split(",")) if a.chunks else CHUNKS
-    programs = tuple(int(x) for x in a.programs.split(",") if x.strip())
+    try:
+        chunks = tuple(int(c) << 10 for c in a.chunks.split(",")) if a.chunks else CHUNKS
+        programs = tuple(int(x) for x in a.programs.split(",") if x.strip())
+    except ValueError:
+        p.error(f"--chunks {a.chunks!r} / --programs {a.programs!r}: comma-separated whole numbers")
+    if any(c < 0 for c in chunks) or any(x < 1 for x in programs) or (a.kib is not None and a.kib < 1) \
+            or (a.reps is not None and a.reps < 1):
+        p.error("--chunks >= 0, --programs >= 1, --kib >= 1 and --reps >= 1")
     rows = [r for name in names for hl in a.host_layouts.split(",")
             for r in sweep_layout(name, device, kib, reps, hl, chunks, programs)]
     result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "kib": kib,

@@ -28,7 +28,7 @@ from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, add_cache_args, add_engi
                                     budget_overrides, engine_config, load_cache_config, load_requests)
 from hicache.cli.table import render_table
 from hicache.config import NO_L3
-from hicache.errors import ConfigError, HiCacheError
+from hicache.errors import HiCacheError
 from hicache.storage import mask_url, memory_store_name, with_memory_store_name
 from hicache.units import format_bytes
 
@@ -147,9 +147,10 @@ def run(args: argparse.Namespace) -> int:
     ecfg = engine_config(args, path)
     work = load_requests(args)
     url = cfg.storage.url
-    if args.processes and memory_store_name(url) is not None:
-        raise ConfigError("--storage", url.split("?")[0], "a memory:// store lives inside one process; "
-                          "--processes needs a shared store (redis://, file://)")
+    if args.processes:
+        from hicache.engine import check_shareable
+
+        check_shareable(url)
     if memory_store_name(url) == "":
         url = with_memory_store_name(url, "fleet")   # one store shared by the engines of this process
     out: dict[str, Any] = {"config": path.stem, "workload": work.name, "routing": args.routing, "engines": n,

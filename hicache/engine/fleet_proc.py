@@ -153,6 +153,14 @@ class ProcessEngine:
         self.conn.close()
 
 
+def check_shareable(url: str) -> None:
+    """Refuse a store engine processes cannot share: ``memory://`` lives in one process
+    (each would get a private store, silently)."""
+    if memory_store_name(url) is not None:
+        raise ConfigError("--storage", url.split("?")[0], "a memory:// store lives inside one process; engine "
+                          "processes (--processes) share redis://, file:// or none://")
+
+
 def run_fleet_processes(layout: CacheLayout, cfg: HiCacheConfig, engines: int, ecfg: EngineConfig,
                         requests: Sequence, routing: str,
                         progress: Callable[[int, int], None] | None = None) -> FleetRun:
@@ -160,9 +168,7 @@ def run_fleet_processes(layout: CacheLayout, cfg: HiCacheConfig, engines: int, e
     its own connection to ``cfg.storage.url`` (which must be shared: Redis, a cluster,
     ``file://``, or ``none://`` for a fleet without L3)."""
     url = cfg.storage.url
-    if memory_store_name(url) is not None:
-        raise ConfigError("--storage", url.split("?")[0], "a memory:// store lives inside one process; engine "
-                          "processes (--processes) share redis://, file:// or none://")
+    check_shareable(url)
     procs: list[ProcessEngine] = []
     try:
         for i in range(engines):

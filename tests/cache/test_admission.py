@@ -65,13 +65,19 @@ def test_a_second_cache_resumes_from_what_admission_wrote_and_skips_what_is_ther
         e.cache.close()
 
 
-def test_the_bandwidth_budget_paces_the_writes():
+def paced(store: str):
+    """An engine whose admission budget is one page a second, after serving ten prompts."""
     page = make_cache().layout.object_bytes("page")
-    slow = AdmitConfig(mode="published", min_tokens=P, gbps=page / 1e9, burst_bytes=page)   # one page a second
-    eng = Engine(make_cache(storage="memory://adm-d", admit=slow, **ROOMY))
+    slow = AdmitConfig(mode="published", min_tokens=P, gbps=page / 1e9, burst_bytes=page)
+    eng = Engine(make_cache(storage=store, admit=slow, **ROOMY))
     prompts = [toks(v, v + 1, extra=1) for v in range(10, 40, 3)]
     for t in prompts:
         eng.run(t)
+    return eng, prompts
+
+
+def test_the_bandwidth_budget_paces_the_writes():
+    eng, prompts = paced("memory://adm-d")
     for second in range(1, 4):
         eng.cache.poll(wait=True, now=float(second))
         c = eng.cache.counters
@@ -91,12 +97,7 @@ def test_the_bandwidth_budget_paces_the_writes():
 def test_a_poll_without_the_callers_clock_does_not_stop_the_pace():
     """A plain poll (monotonic time, far past the virtual clock) between virtual-time polls
     left the bucket's clock ahead of every later virtual time: admission stopped for good."""
-    page = make_cache().layout.object_bytes("page")
-    slow = AdmitConfig(mode="published", min_tokens=P, gbps=page / 1e9, burst_bytes=page)   # one page a second
-    eng = Engine(make_cache(storage="memory://adm-clock", admit=slow, **ROOMY))
-    prompts = [toks(v, v + 1, extra=1) for v in range(10, 40, 3)]
-    for t in prompts:
-        eng.run(t)
+    eng, prompts = paced("memory://adm-clock")
     eng.cache.poll(wait=True, now=1.0)
     eng.cache.poll(wait=True)                          # no clock given: nothing refilled
     before = eng.cache.counters.l3_admit_chains

@@ -122,6 +122,11 @@ def run_on_host(handler: SingleDirectionOffloadingHandler) -> None:
     handler._event_pool = FreshPool(HostEvent)
 
 
+# kv_connector_extra_config keys that select this spec (tests, bench/vllm_ttft.py)
+SPEC_CONFIG = {"spec_name": "CPUTieringOffloadingSpec",
+               "spec_module_path": "tests.integrations.vllm_engine.cpu_offload_spec"}
+
+
 class CPUTieringOffloadingSpec(TieringOffloadingSpec):
     """``TieringOffloadingSpec`` whose worker runs on vLLM's CPU backend (see module doc)."""
 

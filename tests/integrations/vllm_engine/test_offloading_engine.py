@@ -22,13 +22,13 @@ import uuid
 
 import pytest
 
+from .cpu_offload_spec import SPEC_CONFIG
 from .tiny_llama import VOCAB, make_tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 LENGTHS = (300, 700, 1100)      # CPU blocks are 128 tokens: 2, 5 and 8 whole blocks to reuse
 MAX_TOKENS = 8
-SPEC = {"spec_name": "CPUTieringOffloadingSpec",
-        "spec_module_path": "tests.integrations.vllm_engine.cpu_offload_spec"}
+SPEC = SPEC_CONFIG
 
 
 def start(model, url: str | None):
