@@ -171,7 +171,8 @@ class Ranked:
         if self.forks_last and nb >= 2:
             return (2, snap.last_access)
         if node.snapshots_below > 0 and nb <= 1 and not node.forked:
-            if self.intermediate_first or (self.superseded_first and (snap.passed if self.passed_only else (snap.resumed or snap.passed))):
+            if self.intermediate_first or (self.superseded_first and nb == 1
+                                           and (snap.passed if self.passed_only else (snap.resumed or snap.passed))):
                 return (0, snap.last_access)
         if self.idle_tails_first and snap.kind == "finish" and not (snap.resumed or snap.passed):
             return (0, snap.last_access)

@@ -38,6 +38,30 @@ def test_the_next_prompt_beside_a_decode_is_not_a_fork_and_its_resume_point_is_s
     eng.cache.close()
 
 
+def test_decodes_below_a_resumed_prompt_end_do_not_supersede_it():
+    # The same prompt twice (a trace without conversation ids repeats a request): the second
+    # resumes at the first's prompt end and decodes a tail of its own beside the first's. The
+    # tails' snapshots lie below, but no request went on past the prompt end, so under every
+    # candidate that drops superseded snapshots it keeps its place; a later prompt that goes
+    # on through it supersedes it.
+    for eviction in ("reuse", "reuse-prompt", "reuse-prompt-late"):
+        eng = Engine(make_cache(device_pages=32, device_snaps=8, eviction=eviction))
+        turn(eng, toks(1, 2, extra=1), (7,))
+        turn(eng, toks(1, 2, extra=1), (8,))
+        p = node_of(eng.cache, toks(1, 2))
+        assert p.snapshot is not None and p.snapshot.resumed == 1
+        assert p.snapshots_below == 2 and p.branches == 0 and len(p.children) == 2
+        s = eng.cache._policy.strategy
+        assert s.snapshot_priority(p, p.snapshot)[0] == 1
+        turn(eng, toks(1, 2, 3, 4), (9,))             # resumes at p and goes on past it
+        assert p.branches == 1 and p.snapshot.resumed == 2 and p.snapshot.passed == 0
+        assert s.snapshot_priority(p, p.snapshot)[0] == (1 if s.passed_only else 0)
+        turn(eng, toks(1, 2, 3, 4, 5), (6,))          # resumes deeper: passes p
+        assert p.snapshot.passed == 1 and s.snapshot_priority(p, p.snapshot)[0] == 0
+        eng.cache.check_integrity()
+        eng.cache.close()
+
+
 def test_a_turn_that_goes_on_through_the_decode_takes_that_branch():
     eng = Engine(make_cache(device_pages=32, device_snaps=8, eviction="reuse"))
     turn(eng, toks(1, 2), (7, 8))

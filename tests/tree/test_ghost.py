@@ -106,6 +106,31 @@ def test_idle_tails_go_first_until_a_request_resumes_from_or_passes_them():
     assert g.nodes[3].snapshot.resumed == 1 and g.nodes[3].snapshot.kind == "finish"
 
 
+def test_a_decode_below_a_resumed_snapshot_does_not_supersede_it():
+    # Two requests with the same prompt [1, 2]: the second resumes at the first's prompt end,
+    # and each leaves a decode's tail (with its idle snapshot) below it. No request has gone
+    # on past 2, so the snapshot there is the one the next such request needs: not first.
+    # Only once a prompt continues through 2 to a deeper snapshot is it superseded.
+    s = get_strategy("reuse-prompt")
+    g = GhostCache(s, capacity_units=40, snapshot_units=2)
+    g.lookup("a", [1, 2], prompt_pages=2)
+    g.publish("a", [1, 2], "prompt_end")
+    g.publish("a", [1, 2, 7], "finish")
+    g.release("a")
+    assert g.lookup("b", [1, 2], prompt_pages=2) == 2
+    g.publish("b", [1, 2, 8], "finish")
+    g.release("b")
+    p = g.nodes[2]
+    assert p.snapshot.resumed == 1 and p.snapshots_below == 2 and p.branches == 0
+    assert not s.first_class(p, p.snapshot)             # the decodes below are not the chain moving on
+    assert s.first_class(g.nodes[7], g.nodes[7].snapshot)   # an idle decode's end is
+    assert g.lookup("c", [1, 2, 3, 4], prompt_pages=4) == 2
+    g.publish("c", [1, 2, 3, 4], "prompt_end")
+    g.release("c")
+    assert p.branches == 1 and s.first_class(p, p.snapshot)   # now it is superseded
+    g.check()
+
+
 def test_forks_last_keeps_a_branch_points_snapshot_over_every_leaf():
     g = GhostCache(get_strategy("reuse"), capacity_units=12, snapshot_units=1)
     serve(g, "s", [1, 2])                       # a shared prefix, snapshot at 2

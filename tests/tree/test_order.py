@@ -64,11 +64,12 @@ def ref_snapshot_priority(strategy, n, s) -> tuple:
             c = stack.pop()
             below += c.snapshot is not None
             stack.extend(c.children.values())
-        if strategy.forks_last and len(n.children) >= 2:
+        taken = sum(not c.decoded for c in n.children.values())   # branches requests took
+        if strategy.forks_last and taken >= 2:
             return (2, s.last_access)
-        used = s.resumed > 0 or s.passed > 0
-        if below and len(n.children) <= 1 and not n.forked and (
-                strategy.intermediate_first or (strategy.superseded_first and used)):
+        used = (s.passed if strategy.passed_only else s.resumed or s.passed) > 0
+        if below and taken <= 1 and not n.forked and (
+                strategy.intermediate_first or (strategy.superseded_first and taken == 1 and used)):
             return (0, s.last_access)
         if strategy.idle_tails_first and s.kind == "finish" and not used:
             return (0, s.last_access)
