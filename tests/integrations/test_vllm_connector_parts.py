@@ -36,11 +36,11 @@ def forward(bridge, copier, plan, kv, fill=None) -> None:
     for layer, name in enumerate(NAMES):
         for op in plan.loads:
             assert bridge.wait_load(op.req, layer)
-            copier.load(layer, op.pages, op.blocks)
+            copier.load(layer, op.pages[0], op.blocks[0])
         for block, value in (fill or {}).items():
             kv[name][block] = value + layer
         for op in plan.saves:
-            copier.save(layer, op.pages, op.blocks)
+            copier.save(layer, op.pages[0], op.blocks[0])
     bridge.report_saves([(op.key, True) for op in plan.saves])
 
 
@@ -48,18 +48,18 @@ def test_a_prefix_saved_by_one_request_is_loaded_into_another_requests_blocks():
     bridge, kv, copier = engine()
     tokens = list(range(100, 100 + 5 * B + 3))               # 5 whole blocks and a tail
     assert bridge.lookup(tokens, 0) == 0
-    bridge.open("a", tokens, 0, 0, list(range(6)))
+    bridge.open("a", tokens, 0, 0, [list(range(6))])
     fill = {b: float(b + 1) for b in range(6)}
-    forward(bridge, copier, bridge.plan([("a", tokens, len(tokens), list(range(6)))]), kv, fill)
+    forward(bridge, copier, bridge.plan([("a", tokens, len(tokens), [list(range(6))])]), kv, fill)
     bridge.finish("a")
     assert bridge.counters["published_pages"] == 5
 
     # A second request, vLLM holding its first 2 blocks itself: hicache adds blocks 2..4.
     assert bridge.lookup(tokens, 2 * B) == 3 * B
     new_blocks = [0, 1, 40, 41, 42, 43]
-    bridge.open("b", tokens, 2 * B, 3 * B, new_blocks)
-    plan = bridge.plan([("b", tokens, len(tokens), new_blocks)])
-    assert [op.blocks for op in plan.loads] == [(40, 41, 42)] and not plan.failed
+    bridge.open("b", tokens, 2 * B, 3 * B, [new_blocks])
+    plan = bridge.plan([("b", tokens, len(tokens), [new_blocks])])
+    assert [op.blocks for op in plan.loads] == [((40, 41, 42),)] and not plan.failed
     forward(bridge, copier, plan, kv)
     for layer, name in enumerate(NAMES):
         for src, dst in zip((2, 3, 4), (40, 41, 42)):
@@ -72,14 +72,14 @@ def test_a_prefix_saved_by_one_request_is_loaded_into_another_requests_blocks():
 def test_a_failed_save_publishes_nothing_and_a_short_lease_fails_the_promised_blocks():
     bridge, kv, copier = engine()
     tokens = list(range(7, 7 + 4 * B + 1))
-    bridge.open("a", tokens, 0, 0, list(range(5)))
-    plan = bridge.plan([("a", tokens, len(tokens), list(range(5)))])
+    bridge.open("a", tokens, 0, 0, [list(range(5))])
+    plan = bridge.plan([("a", tokens, len(tokens), [list(range(5))])])
     bridge.report_saves([(op.key, False) for op in plan.saves])   # a layer was never copied
     bridge.finish("a")
     assert bridge.counters["published_pages"] == 0 and bridge.counters["save_failures"] == 1
     assert bridge.lookup(tokens, 0) == 0
     # vLLM was promised 2 blocks hicache no longer has: they come back as load errors.
-    bridge.open("b", tokens, 0, 2 * B, [9, 10, 11, 12, 13])
+    bridge.open("b", tokens, 0, 2 * B, [[9, 10, 11, 12, 13]])
     assert bridge.plan([]).failed == (9, 10)
     bridge.finish("b")
     bridge.close()
@@ -100,7 +100,9 @@ def test_config_inline_keys_file_and_refusals(tmp_path):
     with pytest.raises(ConfigError, match="async_lookup"):
         connector_config({"async_lookup": "yes"}, model="m")
     with pytest.raises(ConfigError, match="full-attention"):
-        layout_for([GroupGeometry("sliding", NAMES, B, GEOM.block_bytes)])
+        layout_for([GroupGeometry("sliding", NAMES, B, GEOM.block_bytes, window=40)])
+    with pytest.raises(ConfigError, match="MambaSpec"):
+        layout_for([GEOM, GroupGeometry("MambaSpec", NAMES, B, GEOM.block_bytes)])
     with pytest.raises(ConfigError, match="blocks first"):
         BlockCopier({n: torch.zeros(2, BLOCKS, 4).transpose(0, 1) for n in NAMES}, NAMES,
                     torch.zeros(LAYERS, 4, 16, dtype=torch.uint8))
@@ -110,9 +112,9 @@ def test_a_preempted_request_rescheduled_before_its_last_save_was_acked():
     """The late ack belongs to the first incarnation's lease, not the new one's."""
     bridge, kv, copier = engine()
     tokens = list(range(50, 50 + 3 * B + 1))
-    bridge.open("a", tokens, 0, 0, [0, 1, 2, 3])
-    plan = bridge.plan([("a", tokens, len(tokens), [0, 1, 2, 3])])
-    bridge.open("a", tokens, 0, 0, [5, 6, 7, 8])          # preempted, scheduled again
+    bridge.open("a", tokens, 0, 0, [[0, 1, 2, 3]])
+    plan = bridge.plan([("a", tokens, len(tokens), [[0, 1, 2, 3]])])
+    bridge.open("a", tokens, 0, 0, [[5, 6, 7, 8]])          # preempted, scheduled again
     forward(bridge, copier, plan, kv, {b: 1.0 for b in range(4)})
     bridge.poll()
     assert bridge.counters["published_pages"] == 3
@@ -140,8 +142,8 @@ def test_a_prefix_only_l3_holds_is_found_by_a_fresh_cache(async_lookup):
     assert answers[-1] == 4 * B and (async_lookup or answers == [4 * B]), answers
     assert all(a is None for a in answers[:-1])
     assert bridge2.counters["lookups_deferred"] == len(answers) - 1
-    bridge2.open("b", tokens, 0, 4 * B, [10, 11, 12, 13, 14])
-    forward(bridge2, copier2, bridge2.plan([("b", tokens, len(tokens), [10, 11, 12, 13, 14])]), kv2)
+    bridge2.open("b", tokens, 0, 4 * B, [[10, 11, 12, 13, 14]])
+    forward(bridge2, copier2, bridge2.plan([("b", tokens, len(tokens), [[10, 11, 12, 13, 14]])]), kv2)
     for name in NAMES:
         assert torch.equal(kv2[name][10:14], kv[name][0:4])
     bridge2.finish("b")
@@ -153,8 +155,8 @@ def _stored_prefix(url):
     """A cache that wrote a 4-page prefix through to ``url``; the prompt's tokens."""
     bridge, kv, copier = engine(url)
     tokens = list(range(900, 900 + 4 * B + 5))
-    bridge.open("a", tokens, 0, 0, list(range(5)))
-    forward(bridge, copier, bridge.plan([("a", tokens, len(tokens), list(range(5)))]), kv, {b: 2.0 for b in range(5)})
+    bridge.open("a", tokens, 0, 0, [list(range(5))])
+    forward(bridge, copier, bridge.plan([("a", tokens, len(tokens), [list(range(5))])]), kv, {b: 2.0 for b in range(5)})
     bridge.finish("a")
     bridge.cache.drain()
     return bridge, kv, tokens

@@ -36,26 +36,44 @@ def _index(ids: Iterable[int]) -> torch.Tensor:
 
 
 class BlockCopier:
-    """Copies pages <-> blocks for the layers of one KV cache group."""
+    """Copies hicache units <-> vLLM blocks for the layers of one KV cache group. A unit is a
+    page of a history family, or one block-sized slot of a state family's snapshot row
+    (``slots`` per row: unit ``u`` is slot ``u % slots`` of row ``u // slots``)."""
 
-    def __init__(self, kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str], pool: torch.Tensor):
-        """``pool``: hicache's ``pools.device.view(family)``, ``[layers, pages, page_bytes]``."""
+    def __init__(self, kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str], pool: torch.Tensor,
+                 slots: int = 1):
+        """``pool``: hicache's ``pools.device.view(family)``, ``[layers, ids, unit_bytes]``."""
         self.layer_of = {name: i for i, name in enumerate(layer_names)}
         self.rows = [block_rows(kv_caches[name]) for name in layer_names]
-        self.pool = pool
+        self.slots = slots
         width = self.rows[0].shape[1]
-        if any(r.shape[1] != width for r in self.rows) or pool.shape[-1] != width or pool.shape[0] != len(self.rows):
+        if (any(r.shape[1] != width for r in self.rows) or pool.shape[-1] != width * slots
+                or pool.shape[0] != len(self.rows)):
             raise ConfigError("kv_cache.block_bytes", [r.shape[1] for r in self.rows],
-                              f"hicache pages hold {pool.shape[-1]} bytes per layer and {pool.shape[0]} layers")
+                              f"hicache holds {pool.shape[-1]} bytes per id and layer ({slots} blocks) "
+                              f"and {pool.shape[0]} layers")
+        # [layers, ids * slots, block bytes] where the pool's rows allow it (a view, no copy)
+        self.pool = pool if slots == 1 else pool.unflatten(-1, (slots, width))
+
+    def _units(self, layer: int, units: Sequence[int]) -> torch.Tensor:
+        if self.slots == 1:
+            return self.pool[layer].index_select(0, _index(units))
+        idx = _index(units)
+        return self.pool[layer][idx // self.slots, idx % self.slots]
 
     def load(self, layer: int, pages: Sequence[int], blocks: Sequence[int]) -> None:
-        """hicache pages -> vLLM blocks, one layer."""
+        """hicache units -> vLLM blocks, one layer."""
         if pages:
-            self.rows[layer].index_copy_(0, _index(blocks), self.pool[layer].index_select(0, _index(pages)))
+            self.rows[layer].index_copy_(0, _index(blocks), self._units(layer, pages))
 
     def save(self, layer: int, pages: Sequence[int], blocks: Sequence[int], kv: torch.Tensor | None = None) -> None:
-        """vLLM blocks -> hicache pages, one layer (``kv``: the layer's tensor as vLLM passes
+        """vLLM blocks -> hicache units, one layer (``kv``: the layer's tensor as vLLM passes
         it to ``save_kv_layer``; the registered one when None)."""
-        if pages:
-            src = self.rows[layer] if kv is None else block_rows(kv)
-            self.pool[layer].index_copy_(0, _index(pages), src.index_select(0, _index(blocks)))
+        if not pages:
+            return
+        src = (self.rows[layer] if kv is None else block_rows(kv)).index_select(0, _index(blocks))
+        if self.slots == 1:
+            self.pool[layer].index_copy_(0, _index(pages), src)
+        else:
+            idx = _index(pages)
+            self.pool[layer].index_put_((idx // self.slots, idx % self.slots), src)

@@ -16,6 +16,16 @@ maps to a block with no re-chunking. Per request::
                requests reuse them at once); failed ones stop that request's saving
     finish()   request_finished: publish to the last whole page, release the lease
 
+Sliding-window models (vLLM's hybrid manager, several KV cache groups): each full-attention
+group is a hicache history family, each sliding-window group a state family whose
+snapshot is that group's window at a page boundary (:mod:`~.windows`). A save then also
+fills one snapshot row, for the deepest boundary the step reached, from the window
+blocks; a load copies the resume point's snapshot into the window blocks vLLM allocated.
+hicache resumes only where a snapshot exists, so a lookup's answer is always a point whose
+window can be loaded. vLLM has no per-block failure path with several groups, so on such a
+layout the lease is taken at lookup (what is promised is what is held) rather than at
+:meth:`open`.
+
 Why a staging pool instead of hicache reading vLLM's blocks directly: hicache's tree,
 eviction and batched host/L3 copies all work on the pages of its own pools; a request's
 pages are copied out of vLLM's blocks once (one indexed copy per layer per step) and from
@@ -39,19 +49,23 @@ import numpy as np
 
 from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.errors import HiCacheError
+from hicache.integrations.vllm.windows import window_plan
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class CopyOp:
-    """One request's pages <-> blocks for one step. ``key``: the save id the worker acks
-    (a save), or 0 (a load: the worker waits on ``req``'s lease)."""
+    """One request's pages <-> blocks for one step, per KV cache group (``pages[g]`` pairs
+    with ``blocks[g]``). For a full-attention group the units are hicache page ids; for a
+    sliding-window group, slots of a snapshot row (:func:`~.windows.window_plan`). ``key``:
+    the save id the worker acks (a save), or 0 (a load: the worker waits on ``req``'s
+    lease)."""
 
     req: str
     key: int
-    pages: tuple[int, ...]
-    blocks: tuple[int, ...]
+    pages: tuple[tuple[int, ...], ...]
+    blocks: tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)
@@ -64,10 +78,22 @@ class StepPlan:
     failed: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Save:
+    """A save in flight: its request, the pages published once it is acked, the snapshot
+    row filled for that boundary (None without state) and why the boundary is there."""
+
+    req: "_Req"
+    upto: int
+    snapshot: int | None
+    why: Boundary
+
+
 @dataclass(eq=False)
 class _Req:
     lease: Lease
     planned: int                     # pages given hicache pages (published or in flight)
+    prompt_pages: int = 0            # (prompt tokens - 1) // P: the boundary a repeat of it resumes at
     published: int = 0
     in_flight: int = 0               # save ops not acked yet
     saving: bool = True
@@ -78,12 +104,20 @@ class _Req:
 class Bridge:
     """hicache behind one vLLM engine's KV blocks (see module doc)."""
 
-    def __init__(self, cache: HiCache, block_tokens: int, *, async_lookup: bool = False):
+    def __init__(self, cache: HiCache, block_tokens: int, *, windows: Sequence[int] = (0,),
+                 async_lookup: bool = False):
+        """``windows``: per KV cache group, in the layout's family order, 0 for a
+        full-attention group, its window for a sliding-window one."""
         if cache.page_tokens != block_tokens:
             raise HiCacheError(f"hicache page_tokens {cache.page_tokens} != vLLM block_size {block_tokens}")
+        if len(windows) != len(cache.layout.families):
+            raise HiCacheError(f"{len(windows)} KV cache groups for {len(cache.layout.families)} hicache families")
         self.cache = cache
         self.P = block_tokens
+        self.windows = tuple(windows)
+        self.hybrid = any(self.windows)
         self.async_lookup = async_lookup
+        self._held: dict[str, Lease] = {}                 # hybrid: request -> the lease its lookup took
         self._prefetching: dict[str, Prefetch] = {}       # request -> its L3 lookup in flight
         self._stats_lock = threading.Lock()
         self._reported: dict[str, int] = {}                # counters as last reported to vLLM
@@ -91,10 +125,11 @@ class Bridge:
         self._pending_loads: list[CopyOp] = []
         self._failed_blocks: set[int] = set()
         self._save_ids = itertools.count()
-        self._saves: dict[int, tuple[_Req, int]] = {}     # save id -> (request, pages after it)
+        self._saves: dict[int, _Save] = {}
         self._acks: "queue.SimpleQueue[tuple[int, bool]]" = queue.SimpleQueue()
         self.counters = {k: 0 for k in ("lookups", "lookups_deferred", "lookup_hit_tokens", "loaded_tokens", "load_failed_tokens",
-                                        "saved_pages", "save_failures", "published_pages", "finished")}
+                                        "saved_pages", "save_failures", "published_pages", "finished",
+                                        "loaded_snapshots", "saved_snapshots", "published_snapshots")}
 
     # -- scheduler: lookup and load ---------------------------------------------------------
     def lookup(self, tokens: Sequence[int], vllm_tokens: int, req_id: str | None = None) -> int | None:
@@ -121,40 +156,69 @@ class Bridge:
                 return None
             if self.cache.finish_prefetch(pf):
                 m = self.cache.match(toks)
-        extra = max(0, m.resume_tokens - vllm_tokens)
+        resume = m.resume_tokens
+        if self.hybrid and req_id is not None:
+            old = self._held.pop(req_id, None)
+            if old is not None:                    # asked again (not scheduled last time)
+                self.cache.release(old)
+            lease = self._held[req_id] = self.cache.load(m)
+            resume = lease.resume_tokens
+        extra = max(0, resume - vllm_tokens)
         self.counters["lookup_hit_tokens"] += extra
         return extra
 
     def open(self, req_id: str, tokens: Sequence[int], vllm_tokens: int, external: int,
-             block_ids: Sequence[int]) -> None:
-        """vLLM allocated ``block_ids`` for ``req_id``, of which ``external`` tokens past its
-        own ``vllm_tokens`` are ours to fill: lease the prefix and plan the copy. What the
-        lease cannot cover (evicted since the lookup) becomes failed blocks, which vLLM
-        recomputes."""
+             block_ids: Sequence[Sequence[int]]) -> None:
+        """vLLM allocated ``block_ids`` (per KV cache group) for ``req_id``, of which
+        ``external`` tokens past its own ``vllm_tokens`` are ours to fill: lease the prefix
+        (or take the one the lookup leased) and plan the copy. What the lease cannot cover
+        (evicted since the lookup) becomes failed blocks, which vLLM recomputes."""
         if req_id in self._reqs:          # preempted and scheduled again
             self.finish(req_id)
         toks = np.array(tokens, dtype=np.int32)
-        lease = self.cache.load(self.cache.match(toks))
-        req = _Req(lease, planned=lease.resume_pages, tokens=toks)
+        lease = self._held.pop(req_id, None) or self.cache.load(self.cache.match(toks))
+        req = _Req(lease, planned=lease.resume_pages, prompt_pages=max(len(toks) - 1, 0) // self.P, tokens=toks)
         self._reqs[req_id] = req
         if external <= 0:
             return
         first, last = vllm_tokens // self.P, (vllm_tokens + external) // self.P
         have = min(last, lease.resume_pages)
+        if self.hybrid and have < last:   # a window for another point than vLLM allocated for: none
+            have = first
         if have > first:
-            self._pending_loads.append(CopyOp(req_id, 0, tuple(lease.page_table[first:have]),
-                                              tuple(int(b) for b in block_ids[first:have])))
+            self._pending_loads.append(self._load_op(req_id, lease, first, have, block_ids))
             self.counters["loaded_tokens"] += (have - first) * self.P
         if last > max(have, first):
-            self._failed_blocks.update(int(b) for b in block_ids[max(have, first):last])
+            for g, ids in enumerate(block_ids):
+                self._failed_blocks.update(int(b) for b in ids[max(have, first):last] if b)
             self.counters["load_failed_tokens"] += (last - max(have, first)) * self.P
             req.saving = False   # this step computes on blocks vLLM will recompute: keep none of it
 
+    def _load_op(self, req_id: str, lease: Lease, first: int, have: int,
+                 block_ids: Sequence[Sequence[int]]) -> CopyOp:
+        pages: list[tuple[int, ...]] = []
+        blocks: list[tuple[int, ...]] = []
+        for window, ids in zip(self.windows, block_ids):
+            if not window:
+                pages.append(tuple(lease.page_table[first:have]))
+                blocks.append(tuple(int(b) for b in ids[first:have]))
+                continue
+            assert lease.snapshot_id is not None, "a hybrid resume point always has a snapshot"
+            units, wblocks = window_plan(lease.snapshot_id, have * self.P, window, self.P, ids, from_block=first)
+            pages.append(units)
+            blocks.append(wblocks)
+        if self.hybrid:
+            self.counters["loaded_snapshots"] += 1
+        return CopyOp(req_id, 0, tuple(pages), tuple(blocks))
+
     # -- scheduler: saves -------------------------------------------------------------------
-    def plan(self, steps: Sequence[tuple[str, Sequence[int], int, Sequence[int]]]) -> StepPlan:
+    def plan(self, steps: Sequence[tuple[str, Sequence[int], int, Sequence[Sequence[int]]]]) -> StepPlan:
         """This step's copies. ``steps``: per scheduled request, (id, its tokens so far, the
-        tokens whose KV exists once this step ran, its block ids). A page whole after this
-        step gets a hicache page now; the worker fills it from the block."""
+        tokens whose KV exists once this step ran, its block ids per KV cache group). A page
+        whole after this step gets a hicache page now; the worker fills it from the block.
+        On a hybrid layout the deepest boundary reached also gets a snapshot row, filled
+        from the sliding-window groups' window blocks (all still allocated this step: vLLM
+        frees the blocks a window left behind only when it next allocates)."""
         self.poll()
         saves = []
         for req_id, tokens, computed, block_ids in steps:
@@ -168,29 +232,51 @@ class Bridge:
             if not self.cache.alloc_pages(req.lease, n).ok:
                 req.saving = False        # hicache's pool is full of running requests' pages
                 continue
-            pages = tuple(req.lease.page_table[req.planned:upto])
-            blocks = tuple(int(b) for b in block_ids[req.planned:upto])
+            row = None
+            if self.hybrid:
+                snap = self.cache.alloc_snapshot(req.lease)
+                row = int(snap.ids[0]) if snap.ok else None   # no room: the pages still serve deeper points
             sid = next(self._save_ids)
-            self._saves[sid] = (req, upto)
+            why = Boundary.PROMPT_END if upto == req.prompt_pages else Boundary.PREFILL
+            self._saves[sid] = _Save(req, upto, row, why)
+            saves.append(self._save_op(req_id, sid, req, upto, row, block_ids))
             req.planned, req.in_flight = upto, req.in_flight + 1
             req.tokens = np.array(tokens[:upto * self.P], dtype=np.int32)
-            saves.append(CopyOp(req_id, sid, pages, blocks))
         loads, self._pending_loads = tuple(self._pending_loads), []
         failed, self._failed_blocks = tuple(sorted(self._failed_blocks)), set()
         return StepPlan(loads, tuple(saves), failed)
+
+    def _save_op(self, req_id: str, sid: int, req: _Req, upto: int, row: int | None,
+                 block_ids: Sequence[Sequence[int]]) -> CopyOp:
+        pages: list[tuple[int, ...]] = []
+        blocks: list[tuple[int, ...]] = []
+        for window, ids in zip(self.windows, block_ids):
+            if not window:
+                pages.append(tuple(req.lease.page_table[req.planned:upto]))
+                blocks.append(tuple(int(b) for b in ids[req.planned:upto]))
+            elif row is None:
+                pages.append(())
+                blocks.append(())
+            else:
+                units, wblocks = window_plan(row, upto * self.P, window, self.P, ids)
+                pages.append(units)
+                blocks.append(wblocks)
+        return CopyOp(req_id, sid, tuple(pages), tuple(blocks))
 
     def poll(self) -> None:
         """Apply the worker's acks (publish) and hicache's finished copies."""
         while True:
             try:
-                sid, ok = self._acks.get_nowait()
+                key, ok = self._acks.get_nowait()
             except queue.Empty:
                 break
-            req, upto = self._saves.pop(sid)   # the incarnation that planned it, even if preempted since
+            save = self._saves.pop(key)   # the incarnation that planned it, even if preempted since
+            req = save.req
             req.in_flight -= 1
             if ok:
-                self.counters["saved_pages"] += upto - req.published
-                self._publish(req, upto, Boundary.PREFILL)
+                self.counters["saved_pages"] += save.upto - req.published
+                self.counters["saved_snapshots"] += save.snapshot is not None
+                self._publish(req, save.upto, save.why, save.snapshot)
             else:
                 self.counters["save_failures"] += 1
                 req.saving = False
@@ -198,7 +284,9 @@ class Bridge:
                 self._close(req)
         self.cache.poll()
 
-    def _publish(self, req: _Req, upto: int, why: Boundary) -> None:
+    def _publish(self, req: _Req, upto: int, why: Boundary, snapshot: int | None = None) -> None:
+        """Publish ``upto`` pages (with ``snapshot`` for that boundary); a snapshot row not
+        published stays the lease's and goes back at release."""
         if not req.saving or upto < req.published:
             return
         lease = req.lease
@@ -206,8 +294,9 @@ class Bridge:
             req.saving = False
             return
         try:
-            self.cache.publish(lease, req.tokens[:upto * self.P], upto, why=why)
+            self.cache.publish(lease, req.tokens[:upto * self.P], upto, snapshot=snapshot, why=why)
             self.counters["published_pages"] += upto - req.published
+            self.counters["published_snapshots"] += snapshot is not None
             req.published = upto
         except HiCacheError as exc:            # a bug in the plan, never the engine's problem
             log.warning("hicache vLLM connector: publish failed (%s); saving stops for this request", exc)
@@ -218,6 +307,9 @@ class Bridge:
         once the last step's copies are acked."""
         self.poll()
         self.cache.cancel_prefetch(self._prefetching.pop(req_id, None))   # aborted while looked up
+        held = self._held.pop(req_id, None)
+        if held is not None:                 # looked up (hybrid), never scheduled
+            self.cache.release(held)
         req = self._reqs.pop(req_id, None)   # a new incarnation (preempted, rescheduled) starts afresh
         if req is None:
             return
@@ -247,10 +339,13 @@ class Bridge:
         for pf in self._prefetching.values():
             self.cache.cancel_prefetch(pf)
         self._prefetching.clear()
+        for lease in self._held.values():
+            self.cache.release(lease)
+        self._held.clear()
         for req_id, req in list(self._reqs.items()):
             req.in_flight = 0
             self.finish(req_id)
-        for req, _ in list(self._saves.values()):   # finished, their last acks never came
+        for req in [save.req for save in self._saves.values()]:   # finished, their last acks never came
             if req.in_flight:
                 req.in_flight = 0
                 self._close(req)

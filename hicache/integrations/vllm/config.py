@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from hicache.config import HiCacheConfig, cache_config_from_mapping
 from hicache.errors import ConfigError
+from hicache.integrations.vllm.windows import window_slots
 from hicache.layout import CacheLayout, FamilySpec, read_config_file
 
 DEFAULTS = {"host_layout": "page_first", "device_bytes": "256MiB", "device": "cpu"}
@@ -39,37 +40,62 @@ DEFAULTS = {"host_layout": "page_first", "device_bytes": "256MiB", "device": "cp
 @dataclass(frozen=True)
 class GroupGeometry:
     """One vLLM KV cache group, as hicache needs it: ``kind`` is ``full`` or ``sliding``;
-    ``block_bytes`` is one layer's bytes of one block."""
+    ``block_bytes`` is one layer's bytes of one block; ``window``: a sliding group's window
+    in tokens (vLLM's ``sliding_window`` plus any ``extra_retained_tokens``); ``layer_ids``:
+    the model's layer index of each layer (empty: numbered in group order), which orders
+    hicache's per-layer loads the way the forward runs."""
 
     kind: str
     layers: tuple[str, ...]
     block_tokens: int
     block_bytes: int
+    window: int = 0
+    layer_ids: tuple[int, ...] = ()
+
+
+def family_names(groups: Sequence[GroupGeometry]) -> tuple[str, ...]:
+    """The hicache family of each group: ``kv`` for the first full-attention group,
+    ``kv<i>`` for other full ones, ``swa<i>`` for sliding-window ones."""
+    return tuple(("swa" if g.kind == "sliding" else "kv") + (str(i) if i or g.kind == "sliding" else "")
+                 for i, g in enumerate(groups))
 
 
 def layout_for(groups: Sequence[GroupGeometry], model: str = "") -> CacheLayout:
-    """One history family per full-attention group (every layer of it, a block's bytes per
-    page and layer). A page is one vLLM block."""
+    """One family per vLLM KV cache group; a page is one vLLM block. A full-attention group
+    is a history family (every layer of it, a block's bytes per page and layer); a
+    sliding-window group a state family whose snapshot keeps, per layer, the blocks of the
+    window at the boundary (:func:`~.windows.window_slots` of them). Anything else (Mamba,
+    chunked-local, MLA-specific kinds) is refused."""
     if not groups:
         raise ConfigError("kv_cache_groups", [], "vLLM reported no KV cache group")
     families = []
+    names = family_names(groups)
+    next_id = 0
     for i, g in enumerate(groups):
-        if g.kind != "full":
+        if g.kind not in ("full", "sliding"):
             raise ConfigError(f"kv_cache_groups[{i}]", g.kind,
-                              "HiCacheConnector serves full-attention KV cache groups only in this version "
-                              "(a sliding-window group would be a hicache state family)")
+                              "HiCacheConnector serves full-attention and sliding-window KV cache groups only")
         if g.block_tokens != groups[0].block_tokens:
             raise ConfigError(f"kv_cache_groups[{i}].block_size", g.block_tokens,
                               f"differs from group 0's {groups[0].block_tokens}: one hicache page per vLLM block")
         if g.block_bytes % g.block_tokens:
             raise ConfigError(f"kv_cache_groups[{i}].page_size_bytes", g.block_bytes,
                               f"not a multiple of the block size {g.block_tokens}")
-        families.append(FamilySpec(name=f"kv{i}" if i else "kv", kind="history",
-                                   layer_ids=tuple(range(len(g.layers))), tokens_per_row=1,
-                                   row_bytes=g.block_bytes // g.block_tokens))
-    if len(families) > 1:
-        raise ConfigError("kv_cache_groups", len(families),
-                          "HiCacheConnector serves one KV cache group in this version")
+        layer_ids = g.layer_ids or tuple(range(next_id, next_id + len(g.layers)))
+        if len(layer_ids) != len(g.layers):
+            raise ConfigError(f"kv_cache_groups[{i}].layer_ids", list(layer_ids), f"one per layer of {len(g.layers)}")
+        next_id += len(g.layers)
+        row_bytes = g.block_bytes // g.block_tokens
+        if g.kind == "full":
+            families.append(FamilySpec(name=names[i], kind="history", layer_ids=layer_ids, tokens_per_row=1,
+                                       row_bytes=row_bytes))
+        else:
+            slots = window_slots(g.window, g.block_tokens)
+            families.append(FamilySpec(name=names[i], kind="state", layer_ids=layer_ids, tokens_per_row=1,
+                                       row_bytes=row_bytes, rows_kept=slots * g.block_tokens))
+    if not any(g.kind == "full" for g in groups):
+        raise ConfigError("kv_cache_groups", [g.kind for g in groups],
+                          "HiCacheConnector needs at least one full-attention group (hicache's history)")
     return CacheLayout(families=tuple(families), page_tokens=groups[0].block_tokens, model=model)
 
 

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, Optional
 
 try:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import (KVConnectorBase_V1, KVConnectorMetadata,
-                                                                   KVConnectorRole)
+                                                                   KVConnectorRole, SupportsHMA)
+    from vllm.model_executor.models.utils import extract_layer_index
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
     from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 except ImportError as exc:  # this module is what vLLM loads; hicache itself never imports it
@@ -42,7 +43,8 @@ from hicache.cache import HiCache
 from hicache.errors import ConfigError
 from hicache.integrations.vllm.blocks import BlockCopier
 from hicache.integrations.vllm.bridge import Bridge, StepPlan
-from hicache.integrations.vllm.config import GroupGeometry, connector_config, layout_for
+from hicache.integrations.vllm.config import GroupGeometry, connector_config, family_names, layout_for
+from hicache.integrations.vllm.windows import window_slots
 
 if TYPE_CHECKING:
     import torch
@@ -63,9 +65,16 @@ def _geometry(kv_cache_config: Any) -> list[GroupGeometry]:
     out = []
     for g in kv_cache_config.kv_cache_groups:
         spec = g.kv_cache_spec
-        kind = ("sliding" if isinstance(spec, SlidingWindowSpec)
-                else "full" if isinstance(spec, FullAttentionSpec) else type(spec).__name__)
-        out.append(GroupGeometry(kind, tuple(g.layer_names), spec.block_size, spec.page_size_bytes))
+        sliding = isinstance(spec, SlidingWindowSpec)
+        kind = "sliding" if sliding else "full" if isinstance(spec, FullAttentionSpec) else type(spec).__name__
+        window = spec.sliding_window + getattr(spec, "extra_retained_tokens", 0) if sliding else 0
+        try:
+            ids = tuple(extract_layer_index(name) for name in g.layer_names)
+        except (AssertionError, ValueError):   # a name without one index: numbered in group order
+            ids = ()
+        if len(set(ids)) != len(ids):
+            ids = ()
+        out.append(GroupGeometry(kind, tuple(g.layer_names), spec.block_size, spec.page_size_bytes, window, ids))
     return out
 
 
@@ -78,7 +87,8 @@ def _acquire(vllm_config: Any, kv_cache_config: Any) -> tuple[str, Bridge]:
             groups = _geometry(kv_cache_config)
             layout = layout_for(groups, model=str(vllm_config.model_config.model))
             cfg, opts = connector_config(vllm_config.kv_transfer_config.kv_connector_extra_config, model=model)
-            entry = _BRIDGES[engine_id] = [Bridge(HiCache(layout, cfg), groups[0].block_tokens, **opts), 0]
+            entry = _BRIDGES[engine_id] = [Bridge(HiCache(layout, cfg), groups[0].block_tokens,
+                                                  windows=[g.window for g in groups], **opts), 0]
         entry[1] += 1
         return engine_id, entry[0]
 
@@ -131,6 +141,9 @@ PROM_COUNTERS = {
     "save_failures": "saves that failed",
     "published_pages": "pages published into hicache's tree",
     "finished": "requests finished",
+    "loaded_snapshots": "sliding-window snapshots loaded into vLLM's window blocks",
+    "saved_snapshots": "sliding-window snapshots copied out of vLLM's window blocks",
+    "published_snapshots": "sliding-window snapshots published into hicache's tree",
     "cache_hit_tokens": "hicache's hit tokens (all tiers)",
     "cache_match_tokens": "tokens hicache was asked to match",
     "cache_loaded_pages": "pages hicache loaded host -> pool",
@@ -160,8 +173,10 @@ class HiCachePromMetrics(KVConnectorPromMetrics):
                 per_engine[engine_idx].inc(value)
 
 
-class HiCacheConnector(KVConnectorBase_V1):
-    """hicache behind vLLM's paged KV (see module doc)."""
+class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
+    """hicache behind vLLM's paged KV (see module doc). ``SupportsHMA``: vLLM keeps its
+    hybrid KV cache manager (one group per attention kind); full-attention groups are
+    hicache history, sliding-window groups hicache state (:mod:`~.windows`)."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -171,7 +186,9 @@ class HiCacheConnector(KVConnectorBase_V1):
                               "HiCacheConnector serves one worker (tensor and pipeline parallel size 1)")
         self._engine_id, self.bridge = _acquire(vllm_config, kv_cache_config)
         self._groups = _geometry(kv_cache_config)
-        self._copier: Optional[BlockCopier] = None
+        self._copiers: list[BlockCopier] = []
+        self._copier: Optional[BlockCopier] = None     # group 0's (tests patch it)
+        self._where: dict[str, tuple[int, int, int]] = {}   # layer name -> (group, index in it, model layer id)
         self._failed: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._saved_layers: dict[int, int] = {}
@@ -181,8 +198,15 @@ class HiCacheConnector(KVConnectorBase_V1):
 
     # -- worker side ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
-        family = self.bridge.cache.layout.families[0].name
-        self._copier = BlockCopier(kv_caches, self._groups[0].layers, self.bridge.cache.pools.device.view(family))
+        layout = self.bridge.cache.layout
+        view = self.bridge.cache.pools.device.view
+        for g, (geom, name) in enumerate(zip(self._groups, family_names(self._groups))):
+            fam = layout.family(name)
+            slots = window_slots(geom.window, geom.block_tokens) if geom.kind == "sliding" else 1
+            self._copiers.append(BlockCopier(kv_caches, geom.layers, view(name), slots))
+            for i, layer in enumerate(geom.layers):
+                self._where[layer] = (g, i, fam.layer_ids[i])
+        self._copier = self._copiers[0]
 
     def _plan(self) -> StepPlan:
         meta = self._get_connector_metadata()
@@ -197,43 +221,53 @@ class HiCacheConnector(KVConnectorBase_V1):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         plan = self._plan()
-        if not plan.loads or self._copier is None or layer_name not in self._copier.layer_of:
+        where = self._where.get(layer_name)
+        if not plan.loads or where is None:
             return
-        layer = self._copier.layer_of[layer_name]
+        g, layer, model_layer = where
         pages: list[int] = []
         blocks: list[int] = []
         for op in plan.loads:
-            if op.req in self._failed_reqs or not self.bridge.wait_load(op.req, layer):
+            if op.req in self._failed_reqs or not self.bridge.wait_load(op.req, model_layer):
                 self._failed_reqs.add(op.req)
-                self._failed.update(op.blocks)
+                self._failed.update(b for ids in op.blocks for b in ids)
                 continue
-            pages.extend(op.pages)
-            blocks.extend(op.blocks)
-        self._copier.load(layer, pages, blocks)
+            pages.extend(op.pages[g])
+            blocks.extend(op.blocks[g])
+        self._copiers[g].load(layer, pages, blocks)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
         plan = self._plan()
-        if not plan.saves or self._copier is None or layer_name not in self._copier.layer_of:
+        where = self._where.get(layer_name)
+        if not plan.saves or where is None:
             return
-        layer = self._copier.layer_of[layer_name]
-        pages = [p for op in plan.saves for p in op.pages]
-        blocks = [b for op in plan.saves for b in op.blocks]
-        self._copier.save(layer, pages, blocks, kv_layer)
+        g, layer, _ = where
+        pages = [p for op in plan.saves for p in op.pages[g]]
+        blocks = [b for op in plan.saves for b in op.blocks[g]]
+        self._copiers[g].save(layer, pages, blocks, kv_layer)
         for op in plan.saves:
             self._saved_layers[op.key] = self._saved_layers.get(op.key, 0) + 1
 
     def wait_for_save(self) -> None:
         """The copies ran synchronously in ``save_kv_layer``; a save is good when every layer
-        was copied and its request's loads did not fail this step."""
+        of every group was copied and its request's loads did not fail this step."""
         if not self.has_connector_metadata():
             return
         plan = self._plan()
-        n = len(self._groups[0].layers)
+        n = len(self._where)
         self.bridge.report_saves([(op.key, self._saved_layers.pop(op.key, 0) == n and op.req not in self._failed_reqs)
                                   for op in plan.saves])
 
     def get_block_ids_with_load_errors(self) -> set[int]:
+        """Blocks whose load failed: vLLM recomputes them. With several KV cache groups vLLM
+        cannot map block ids back to requests (it raises), so none are reported there: the
+        lease is taken at lookup, so only a failed host->pool copy gets here, and that
+        request computes on what its blocks hold (logged; its saves are dropped)."""
         out, self._failed = self._failed, set()
+        if out and len(self._groups) > 1:
+            log.error("hicache vLLM connector: %d blocks failed to load on a hybrid layout; "
+                      "vLLM cannot recompute them (no per-block failures with several KV cache groups)", len(out))
+            return set()
         return out
 
     # -- scheduler side ---------------------------------------------------------------------
@@ -247,7 +281,7 @@ class HiCacheConnector(KVConnectorBase_V1):
         local = self._asked.pop(request.request_id, 0) if num_external_tokens else 0
         self._live[request.request_id] = request
         self.bridge.open(request.request_id, request.all_token_ids, local, num_external_tokens,
-                         blocks.get_block_ids()[0])
+                         blocks.get_block_ids())
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._kv_cache_manager is not None, "vLLM binds the KV cache manager before scheduling"
@@ -256,7 +290,7 @@ class HiCacheConnector(KVConnectorBase_V1):
             req = self._live.get(req_id)
             if req is not None:   # num_computed_tokens is still the count before this step
                 steps.append((req_id, req.all_token_ids, req.num_computed_tokens + n,
-                              self._kv_cache_manager.get_block_ids(req_id)[0]))
+                              self._kv_cache_manager.get_block_ids(req_id)))
         return HiCacheConnectorMetadata(self.bridge.plan(steps))
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
@@ -266,6 +300,12 @@ class HiCacheConnector(KVConnectorBase_V1):
         self._asked.pop(request.request_id, None)
         self.bridge.finish(request.request_id)
         return False, None
+
+    def request_finished_all_groups(self, request: Any,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """The hybrid manager's finish (every group's blocks): as :meth:`request_finished`;
+        the window blocks a snapshot needed were copied out in the step that reached it."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
 
     def get_kv_connector_stats(self) -> Optional[HiCacheStats]:
         return HiCacheStats(data=self.bridge.take_stats_delta())

@@ -1,0 +1,63 @@
+"""Where a sliding-window group's KV lives at a resume point, in vLLM's block tables (no
+vLLM import).
+
+vLLM's hybrid KV cache manager gives a sliding-window group (window ``W``) a block table
+as long as the full-attention groups' but frees the blocks no token will attend to again:
+once ``r`` tokens are computed, the next token attends to ``[r - W + 1, r]``, so the
+``(r - W + 1) // B`` leading blocks are skipped (null blocks in the table; vLLM's
+``SlidingWindowManager.get_num_skipped_tokens``). A request resumed at ``r`` (a multiple
+of ``B``) is given null blocks below that and real blocks for the rest::
+
+    W = 160, B = 128, r = 512:  skipped (512 - 159) // 128 = 2 blocks
+    block index   0     1     2     3   | 4 ...
+                  null  null  real  real| to compute
+                              ^^^^^^^^^^ the window: what a hicache snapshot holds
+
+The window is at most :func:`window_slots` blocks (``ceil((W - 1) / B)``: for ``r >= W - 1``
+exactly that many, below it all ``r / B`` blocks, fewer), which is also how many
+contiguous blocks vLLM's own prefix cache needs for a sliding-window hit. A snapshot holds
+that many block-sized slots per layer, right-aligned: slot ``K - 1`` is the block just
+before ``r``, and a short window (``r < W - 1``) leaves the leading slots unused. Which
+slots hold data is a function of ``r``, ``W`` and ``B`` alone, so nothing else is
+recorded.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from hicache.errors import ConfigError
+
+
+def window_slots(window: int, block_tokens: int) -> int:
+    """Blocks a snapshot keeps per layer: ``ceil((W - 1) / B)`` (at least 1)."""
+    if window < 1 or block_tokens < 1:
+        raise ConfigError("sliding_window", window, f"must be >= 1 with block size {block_tokens}")
+    return max(1, -(-(window - 1) // block_tokens))
+
+
+def window_span(resume: int, window: int, block_tokens: int) -> tuple[int, int]:
+    """Block indices ``[first, last)`` of the window at ``resume`` tokens (a multiple of the
+    block size): the blocks vLLM keeps real for a request whose next token is ``resume``."""
+    if resume % block_tokens:
+        raise ConfigError("resume_tokens", resume, f"not a multiple of the block size {block_tokens}")
+    last = resume // block_tokens
+    first = max(0, resume - window + 1) // block_tokens
+    return first, last
+
+
+def window_plan(row: int, resume: int, window: int, block_tokens: int, block_ids: Sequence[int],
+                from_block: int = 0) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The copies between snapshot ``row`` and the window blocks at ``resume``: (units,
+    blocks), paired, in block order. A unit is ``row * K + slot`` (``K`` =
+    :func:`window_slots`), the index of one block-sized slot in the state family's pool
+    flattened to ``[layers, rows * K, block bytes]``. ``from_block``: blocks below it are
+    left out (on a load, the ones vLLM's own prefix cache already filled)."""
+    k = window_slots(window, block_tokens)
+    first, last = window_span(resume, window, block_tokens)
+    first = max(first, from_block)
+    if last > len(block_ids):
+        raise ConfigError("block_ids", len(block_ids), f"shorter than the window's last block {last}")
+    units = tuple(row * k + k - (last - i) for i in range(first, last))
+    blocks = tuple(int(block_ids[i]) for i in range(first, last))
+    return units, blocks
