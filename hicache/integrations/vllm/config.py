@@ -54,9 +54,11 @@ class GroupGeometry:
 
 
 def family_names(groups: Sequence[GroupGeometry]) -> tuple[str, ...]:
-    """The hicache family of each group: ``kv`` for the first full-attention group,
-    ``kv<i>`` for other full ones, ``swa<i>`` for sliding-window ones."""
-    return tuple(("swa" if g.kind == "sliding" else "kv") + (str(i) if i or g.kind == "sliding" else "")
+    """The hicache family of each group: ``kv`` for the first full-attention group (the
+    only one of a model without sliding windows), ``kv<i>`` for other full ones and
+    ``swa<i>`` for sliding-window ones (``i``: the group's index in vLLM's config)."""
+    first_full = next((i for i, g in enumerate(groups) if g.kind == "full"), -1)
+    return tuple("kv" if i == first_full else f"swa{i}" if g.kind == "sliding" else f"kv{i}"
                  for i, g in enumerate(groups))
 
 

@@ -1,47 +1,91 @@
 """``HiCacheConnector`` on a model with sliding-window layers: a tiny Llama whose even layers
 attend to a 160-token window and odd layers to everything.
 
-vLLM runs such a model with two KV cache groups (full and sliding window) when nothing is
-attached. A connector that does not declare ``SupportsHMA`` makes vLLM keep one group, every
-block of every layer, and compute the window layers with their window: so hicache stores
-the window layers' blocks as history, and the resumed outputs must equal vLLM's own
-hybrid run. (hicache state families for the window, with vLLM's hybrid manager, are not
-done yet: ``docs/integrations.md``.)
+The connector declares ``SupportsHMA``, so vLLM keeps its hybrid KV cache manager: two KV
+cache groups (full attention, sliding window), the window group's blocks below the window
+freed as the request goes on. hicache keeps the full-attention group as history pages and
+the window group as a state family: one snapshot per boundary holding the window's blocks
+(``hicache.integrations.vllm.windows``). After ``reset_prefix_cache`` a resumed request gets
+its pages and its window from hicache, and its outputs equal vLLM's own hybrid run without
+a connector; zeroing the loaded window (the snapshot's copy into the window blocks) changes
+them, so the model reads it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
 
-from .test_connector_engine import bridge, generate, start, stop, zeroed_loads
+from .test_connector_engine import bridge, generate, start, stop
 from .tiny_llama import VOCAB, make_tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 WINDOW = 160
+LENGTHS = (500, 900)
 
 
-def test_sliding_window_model_resumes_with_identical_outputs(tmp_path):
+@contextlib.contextmanager
+def zeroed_window_loads():
+    """The worker's snapshot -> window-block copies, each followed by zeroing those blocks."""
+    import torch
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    conn = get_kv_transfer_group()
+    (copier,) = [c for c, g in zip(conn._copiers, conn._groups) if g.kind == "sliding"]
+    real_load = copier.load
+
+    def zeroing_load(layer, pages, blocks):
+        real_load(layer, pages, blocks)
+        if blocks:
+            copier.rows[layer].index_fill_(0, torch.tensor(list(blocks)), 0)
+
+    copier.load = zeroing_load
+    try:
+        yield
+    finally:
+        copier.load = real_load
+
+
+def test_sliding_window_model_resumes_from_a_window_snapshot(tmp_path):
     model = make_tiny_llama(tmp_path / "tiny-swa", sliding_window=WINDOW, seed=1)
     rng = random.Random(11)
-    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in (500, 900)]
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in LENGTHS]
     ref = start(model, None)
     assert not ref.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager  # two groups
     expected, _ = generate(ref, prompts)
     stop(ref)
 
     llm = start(model, tmp_path / "store")
-    one_group = llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager
-    assert one_group, "vLLM kept its hybrid manager with a connector that does not declare SupportsHMA"
+    assert not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager, \
+        "vLLM turned its hybrid manager off: the connector should declare SupportsHMA"
+    b = bridge(llm)
+    kinds = sorted(f.kind for f in b.cache.layout.families)
+    assert kinds == ["history", "state"], b.cache.layout.summary()
     first, _ = generate(llm, prompts)
+    assert first == expected
+    assert b.counters["published_snapshots"] >= len(LENGTHS)
     assert llm.reset_prefix_cache()
     again, cached = generate(llm, prompts)
-    assert first == expected and again == expected
-    assert cached == [(n - 1) // 128 * 128 for n in (500, 900)], cached
-    assert bridge(llm).stats()["loaded_tokens"] == sum(cached)
+    assert again == expected
+    assert cached == [(n - 1) // 128 * 128 for n in LENGTHS], cached
+    s = b.stats()
+    assert s["loaded_tokens"] == sum(cached) and s["loaded_snapshots"] == len(LENGTHS), s
+    assert s["load_failed_tokens"] == 0 and s["save_failures"] == 0, s
+
     assert llm.reset_prefix_cache()
-    with zeroed_loads():
+    with zeroed_window_loads():
         bad, cached = generate(llm, prompts)
     assert sum(cached) > 0 and bad != expected, (cached, bad)
+    stop(llm)
+
+    # A fresh engine on the same store: the pages and the window snapshots come from L3
+    # (L3 -> host -> hicache's pool -> vLLM's blocks), same outputs.
+    llm = start(model, tmp_path / "store")
+    b = bridge(llm)
+    outs, cached = generate(llm, prompts)
+    assert outs == expected and cached == [(n - 1) // 128 * 128 for n in LENGTHS], cached
+    s = b.stats()
+    assert s["cache_l3_hit_tokens"] == sum(cached) and s["loaded_snapshots"] == len(LENGTHS), s
     stop(llm)
