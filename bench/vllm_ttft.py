@@ -2,7 +2,7 @@
 OffloadingConnector (CPU tier) and with neither, same run.
 
     PYTHONPATH=. VENV/bin/python bench/vllm_ttft.py [--conversations 8] [--turns 6]
-        [--user-tokens 200] [--answer-tokens 16] [--kv-blocks 24] [--big-kv 200] [--json]
+        [--user-tokens 200] [--answer-tokens 16] [--kv-blocks 24] [--big-kv 200] [--model swa] [--json]
 
 A multi-turn workload: each turn's prompt is the conversation so far (earlier prompts and
 answers) plus ``--user-tokens`` new tokens; conversations take turns round-robin, one
@@ -17,6 +17,11 @@ identical to vLLM alone with room for every conversation (``--big-kv``: both reu
 each token's KV as first computed; the benchmark fails otherwise). Reports TTFT p50/p90 (vLLM's own
 ``first_token_latency``) and prefill tokens computed (prompt tokens minus
 ``num_cached_tokens``), per engine. Needs the vLLM venv (``.ci/setup_vllm_venv.sh``).
+
+``--model swa``: the tiny Llama with sliding-window layers (every even layer a 160-token
+window), which vLLM runs with its hybrid KV cache manager (two KV cache groups) and hicache
+keeps as history pages plus a window snapshot per boundary. The OffloadingConnector row is
+left out for it (not tried with the test-only CPU spec on two groups).
 """
 
 from __future__ import annotations
@@ -105,13 +110,19 @@ def main() -> int:
     ap.add_argument("--big-kv", type=int, default=200, metavar="BLOCKS",
                     help="also run vLLM alone with this many blocks, the reference for hicache's answers (no "
                          "eviction: it reuses the KV its decode wrote, as hicache does); 0: none")
+    ap.add_argument("--model", choices=("llama", "swa"), default="llama",
+                    help="swa: sliding-window layers (vLLM's hybrid manager; hicache state families)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vllm-ttft-"))
-    model = make_tiny_llama(work / "tiny-llama")
+    if args.model == "swa":
+        model = make_tiny_llama(work / "tiny-swa", sliding_window=160, seed=1)
+    else:
+        model = make_tiny_llama(work / "tiny-llama")
     rows = {}
-    runs = [("vllm", None, args.kv_blocks), ("vllm+hicache", f"file://{work / 'store'}", args.kv_blocks),
-            ("vllm+offloading", "offload", args.kv_blocks)]
+    runs = [("vllm", None, args.kv_blocks), ("vllm+hicache", f"file://{work / 'store'}", args.kv_blocks)]
+    if args.model == "llama":
+        runs.append(("vllm+offloading", "offload", args.kv_blocks))
     if args.big_kv:
         runs.append((f"vllm {args.big_kv} blocks", None, args.big_kv))
     for name, store, blocks in runs:
@@ -140,7 +151,7 @@ def main() -> int:
     if args.json:
         print(json.dumps({"args": vars(args), "identical_outputs": same, **rows}, indent=1))
     else:
-        print(f"{args.conversations} conversations x {args.turns} turns, {args.user_tokens} new tokens a turn, "
+        print(f"model {args.model}: {args.conversations} conversations x {args.turns} turns, {args.user_tokens} new tokens a turn, "
               f"{args.answer_tokens}-token answers, {args.kv_blocks} vLLM KV blocks of 128 tokens")
         print(f"{'engine':<18} {'TTFT p50 ms':>11} {'p90 ms':>8} {'mean ms':>8} {'prefill tok':>11} "
               f"{'of prompt':>10} {'wall s':>7} {'!= ' + ref_name:>17} {'!= vllm':>8}")
@@ -150,7 +161,8 @@ def main() -> int:
                   f"{r['differing_answers']:>17} {r['differing_from_small_budget']:>8}")
         h = rows["vllm+hicache"].get("hicache", {})
         print(f"hicache: {h.get('loaded_tokens', 0)} tokens loaded into vLLM, {h.get('published_pages', 0)} pages "
-              f"published, L3 hits {h.get('cache_l3_hit_tokens', 0)} tokens; answers identical to {ref_name}: {same}")
+              f"and {h.get('published_snapshots', 0)} window snapshots published, {h.get('loaded_snapshots', 0)} "
+              f"loaded, L3 hits {h.get('cache_l3_hit_tokens', 0)} tokens; answers identical to {ref_name}: {same}")
     return 0 if same else 1
 
 

@@ -149,3 +149,23 @@ def test_a_lookup_holds_its_lease_until_open_or_finish():
     assert bridge.cache.stats()["running_requests"] == 0
     bridge.cache.check_integrity()
     bridge.close()
+
+
+def test_a_load_short_of_the_snapshot_loads_nothing_and_fails_the_blocks():
+    """The snapshot is the window at the resume point only: a load vLLM asked to stop
+    earlier (fewer external tokens than promised) cannot use it."""
+    bridge, kv, copiers = hybrid_engine()
+    tokens = list(range(300, 300 + 4 * B + 1))
+    full, swa = list(range(1, 6)), list(range(20, 25))
+    bridge.open("a", tokens, 0, 0, [full, swa])
+    forward(bridge, copiers, bridge.plan([("a", tokens, len(tokens), [full, swa])]), kv,
+            [{b: 1.0 for b in full}, {b: 2.0 for b in swa}])
+    bridge.finish("a")
+    assert bridge.lookup(tokens, 0, "b") == 4 * B
+    bridge.open("b", tokens, 0, 3 * B, [[40, 41, 42, 43, 44], [0, 51, 52, 53, 54]])
+    plan = bridge.plan([])
+    assert not plan.loads and plan.failed == (40, 41, 42, 51, 52)
+    assert bridge.counters["load_failed_tokens"] == 3 * B
+    bridge.finish("b")
+    bridge.cache.check_integrity()
+    bridge.close()

@@ -173,18 +173,19 @@ class Bridge:
         ``external`` tokens past its own ``vllm_tokens`` are ours to fill: lease the prefix
         (or take the one the lookup leased) and plan the copy. What the lease cannot cover
         (evicted since the lookup) becomes failed blocks, which vLLM recomputes."""
+        held = self._held.pop(req_id, None)   # before finish(): that releases a held lease
         if req_id in self._reqs:          # preempted and scheduled again
             self.finish(req_id)
         toks = np.array(tokens, dtype=np.int32)
-        lease = self._held.pop(req_id, None) or self.cache.load(self.cache.match(toks))
+        lease = held or self.cache.load(self.cache.match(toks))
         req = _Req(lease, planned=lease.resume_pages, prompt_pages=max(len(toks) - 1, 0) // self.P, tokens=toks)
         self._reqs[req_id] = req
         if external <= 0:
             return
         first, last = vllm_tokens // self.P, (vllm_tokens + external) // self.P
         have = min(last, lease.resume_pages)
-        if self.hybrid and have < last:   # a window for another point than vLLM allocated for: none
-            have = first
+        if self.hybrid and (have != lease.resume_pages or lease.snapshot_id is None):
+            have = first   # the snapshot is the window at the resume point, no other: load none
         if have > first:
             self._pending_loads.append(self._load_op(req_id, lease, first, have, block_ids))
             self.counters["loaded_tokens"] += (have - first) * self.P
@@ -203,7 +204,7 @@ class Bridge:
                 pages.append(tuple(lease.page_table[first:have]))
                 blocks.append(tuple(int(b) for b in ids[first:have]))
                 continue
-            assert lease.snapshot_id is not None, "a hybrid resume point always has a snapshot"
+            assert lease.snapshot_id is not None, "open() loads a hybrid prefix only with its snapshot"
             units, wblocks = window_plan(lease.snapshot_id, have * self.P, window, self.P, ids, from_block=first)
             pages.append(units)
             blocks.append(wblocks)

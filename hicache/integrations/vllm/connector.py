@@ -16,6 +16,13 @@ connector metadata; the worker side copies pages into the allocated blocks layer
 blocks each step completes out after each layer's attention (``save_kv_layer``), one
 batched copy per layer; ``wait_for_save`` acks them and the scheduler publishes.
 
+It declares ``SupportsHMA``: vLLM keeps its hybrid KV cache manager, one KV cache group
+per attention kind. Full-attention groups are hicache history families (pages, as above);
+a sliding-window group is a hicache state family whose snapshot per boundary is the
+window's blocks there (:mod:`~.windows`), saved from and loaded into the window blocks
+vLLM holds for the request, one batched copy per layer like the pages. Group kinds that
+are neither (Mamba, chunked-local, R-SWA, sliding MLA) are refused at start.
+
 Both sides share one :class:`~.bridge.Bridge` per engine (keyed by vLLM's engine id):
 with one worker (tensor and pipeline parallel size 1) vLLM runs the scheduler and the
 worker in one process, in-process or in its engine-core process alike. More workers are
@@ -34,7 +41,7 @@ try:
                                                                    KVConnectorRole, SupportsHMA)
     from vllm.model_executor.models.utils import extract_layer_index
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
 except ImportError as exc:  # this module is what vLLM loads; hicache itself never imports it
     raise ImportError(f"hicache.integrations.vllm.connector needs vLLM with KVConnectorBase_V1 (vllm>=0.32): "
                       f"{exc}") from exc
@@ -65,8 +72,11 @@ def _geometry(kv_cache_config: Any) -> list[GroupGeometry]:
     out = []
     for g in kv_cache_config.kv_cache_groups:
         spec = g.kv_cache_spec
-        sliding = isinstance(spec, SlidingWindowSpec)
-        kind = "sliding" if sliding else "full" if isinstance(spec, FullAttentionSpec) else type(spec).__name__
+        # exact types: vLLM's subclasses free other blocks (RSWASpec a middle gap, sliding MLA
+        # compressor state) and are refused by name rather than copied as if they did not
+        sliding = type(spec) is SlidingWindowSpec
+        kind = ("sliding" if sliding else "full" if type(spec) in (FullAttentionSpec, MLAAttentionSpec)
+                else type(spec).__name__)
         window = spec.sliding_window + getattr(spec, "extra_retained_tokens", 0) if sliding else 0
         try:
             ids = tuple(extract_layer_index(name) for name in g.layer_names)
