@@ -89,3 +89,30 @@ def test_sliding_window_model_resumes_from_a_window_snapshot(tmp_path):
     s = b.stats()
     assert s["cache_l3_hit_tokens"] == sum(cached) and s["loaded_snapshots"] == len(LENGTHS), s
     stop(llm)
+
+
+def test_sliding_window_concurrent_chunked_prefill_and_a_small_kv_budget(tmp_path):
+    """Six requests sharing a 400-token prefix, at most four running, prefilled in 256-token
+    chunks (a snapshot at each chunk's deepest boundary, published mid-prefill), 48 KV
+    blocks shared by both groups (a block holds one group's two layers: the bytes of the
+    full-attention model's 24; preemptions): after ``reset_prefix_cache`` each resumes
+    from hicache (pages and window) and the outputs equal vLLM's own hybrid run with the
+    same budget."""
+    model = make_tiny_llama(tmp_path / "tiny-swa", sliding_window=WINDOW, seed=1)
+    rng = random.Random(3)
+    base = [rng.randrange(3, VOCAB) for _ in range(400)]
+    prompts = [base + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (300, 350, 420, 500, 280, 330)]
+    small = {"num_gpu_blocks_override": 48, "max_num_batched_tokens": 256, "max_num_seqs": 4}
+    ref = start(model, None, small)
+    expected, _ = generate(ref, prompts)
+    stop(ref)
+    llm = start(model, "memory://vllm-swa-concurrent", small)
+    b = bridge(llm)
+    outs, _ = generate(llm, prompts)
+    assert outs == expected
+    assert llm.reset_prefix_cache()
+    outs, cached = generate(llm, prompts)
+    assert outs == expected and all(c >= 256 for c in cached), cached
+    s = b.stats()
+    assert s["loaded_snapshots"] >= len(prompts) and s["save_failures"] == 0 and s["load_failed_tokens"] == 0, s
+    stop(llm)
