@@ -168,7 +168,10 @@ def main() -> int:
         print(f"hicache: {h.get('loaded_tokens', 0)} tokens loaded into vLLM, {h.get('published_pages', 0)} pages "
               f"and {h.get('published_snapshots', 0)} window snapshots published, {h.get('loaded_snapshots', 0)} "
               f"loaded, L3 hits {h.get('cache_l3_hit_tokens', 0)} tokens; answers identical to {ref_name}: {same}")
-    return 0 if same else 1
+    # The sliding-window model has no such reference: vLLM's hybrid prefix cache, even with
+    # room for everything, resumes some turns a block earlier than hicache and re-prefills KV
+    # its decode wrote (docs/integrations.md), so its answers are reported, not required.
+    return 0 if same or args.model == "swa" else 1
 
 
 if __name__ == "__main__":
