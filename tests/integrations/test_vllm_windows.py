@@ -169,3 +169,73 @@ def test_a_load_short_of_the_snapshot_loads_nothing_and_fails_the_blocks():
     bridge.finish("b")
     bridge.cache.check_integrity()
     bridge.close()
+
+
+def _prefill(bridge, kv, copiers, req, tokens, fill=1.0):
+    """One request prefilled in one step from nothing, finished; its block ids."""
+    n = len(tokens) // B + 1
+    full, swa = list(range(1, n + 1)), list(range(20, 20 + n))
+    assert bridge.lookup(tokens, 0, req) == 0
+    bridge.open(req, tokens, 0, 0, [full, swa])
+    plan = bridge.plan([(req, tokens, len(tokens), [full, swa])])
+    forward(bridge, copiers, plan, kv, [{b: fill + b for b in full}, {b: fill + 2 * b for b in swa}])
+    bridge.finish(req)
+    return plan
+
+
+def test_a_prompt_of_whole_pages_also_gets_the_snapshot_its_repeat_resumes_at():
+    bridge, kv, copiers = hybrid_engine()
+    tokens = list(range(500, 500 + 4 * B))       # a repeat resumes at 3 pages, the step reaches 4
+    (save,) = _prefill(bridge, kv, copiers, "a", tokens).saves
+    assert save.blocks[1] == (20, 21, 22) + (21, 22, 23)    # window at 3 pages, then at 4
+    assert bridge.counters["published_snapshots"] == 2
+    assert bridge.lookup(tokens, 0, "b") == 3 * B
+    bridge.finish("b")
+    bridge.cache.check_integrity()
+    bridge.close()
+
+
+def test_a_step_passing_the_point_a_prompt_leaves_the_cache_snapshots_it_for_siblings():
+    """Two prompts share 3 pages; the first's only snapshot is at its end. The second
+    passes the fork in one step: a BRANCH snapshot there lets a third sibling resume at
+    the fork, its window loaded from that snapshot."""
+    bridge, kv, copiers = hybrid_engine()
+    shared = list(range(1000, 1000 + 3 * B))
+    a = shared + list(range(5000, 5000 + 2 * B + 1))
+    b = shared + list(range(6000, 6000 + 3 * B + 1))
+    c = shared + list(range(7000, 7000 + B + 1))
+    _prefill(bridge, kv, copiers, "a", a)
+    assert bridge.lookup(c, 0, "probe") == 0        # history to the fork, no snapshot there
+    bridge.finish("probe")
+    (save,) = _prefill(bridge, kv, copiers, "b", b, fill=50.0).saves
+    assert len(save.pages[1]) == 3 + 3                    # windows at the fork (3 pages) and at 6
+    assert bridge.lookup(c, 0, "c") == 3 * B
+    full, swa = list(range(40, 45)), list(range(51, 56))  # r = 48: nothing below the window to skip
+    bridge.open("c", c, 0, 3 * B, [full, swa])
+    plan = bridge.plan([])
+    (load,) = plan.loads
+    assert load.blocks[1] == (51, 52, 53)                  # window at 3 pages: blocks 0, 1, 2
+    forward(bridge, copiers, plan, kv)
+    for name in SWA:                                       # b's blocks 20, 21, 22 (b filled them)
+        for mine, bs in zip((51, 52, 53), (20, 21, 22)):
+            assert torch.equal(kv[name][mine], kv[name][bs]) and kv[name][mine].abs().sum() > 0
+    bridge.finish("c")
+    bridge.cache.check_integrity()
+    bridge.close()
+
+
+def test_a_window_with_a_freed_block_publishes_pages_without_a_snapshot():
+    bridge, kv, copiers = hybrid_engine()
+    tokens = list(range(40, 40 + 4 * B + 1))
+    full, swa = list(range(1, 6)), [0, 0, 0, 23, 24]       # window at 4 pages is blocks 1..3: two freed
+    bridge.open("a", tokens, 0, 0, [full, swa])
+    plan = bridge.plan([("a", tokens, len(tokens), [full, swa])])
+    (save,) = plan.saves
+    assert save.pages[1] == () and save.blocks[0] == (1, 2, 3, 4)
+    forward(bridge, copiers, plan, kv)
+    bridge.finish("a")
+    assert bridge.counters["published_pages"] == 4 and bridge.counters["published_snapshots"] == 0
+    assert bridge.lookup(tokens, 0, "b") == 0
+    bridge.finish("b")
+    bridge.cache.check_integrity()
+    bridge.close()

@@ -49,7 +49,7 @@ import numpy as np
 
 from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.errors import HiCacheError
-from hicache.integrations.vllm.windows import window_plan
+from hicache.integrations.vllm.windows import window_plan, window_span
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +79,26 @@ class StepPlan:
 
 
 @dataclass(frozen=True)
-class _Save:
-    """A save in flight: its request, the pages published once it is acked, the snapshot
-    row filled for that boundary (None without state) and why the boundary is there."""
+class _Point:
+    """A boundary a save publishes: its pages, the snapshot row filled for it (None
+    without state, or without a free row) and why the boundary is there."""
 
-    req: "_Req"
-    upto: int
+    pages: int
     snapshot: int | None
     why: Boundary
+
+
+@dataclass(frozen=True)
+class _Save:
+    """A save in flight: its request and the boundaries published, in order, once it is
+    acked (the last one is the deepest the step reached)."""
+
+    req: "_Req"
+    points: tuple[_Point, ...]
+
+    @property
+    def upto(self) -> int:
+        return self.points[-1].pages
 
 
 @dataclass(eq=False)
@@ -94,6 +106,7 @@ class _Req:
     lease: Lease
     planned: int                     # pages given hicache pages (published or in flight)
     prompt_pages: int = 0            # (prompt tokens - 1) // P: the boundary a repeat of it resumes at
+    branch_pages: int = 0            # where the prompt leaves hicache's cached path (MatchResult.branch_tokens)
     published: int = 0
     in_flight: int = 0               # save ops not acked yet
     saving: bool = True
@@ -178,7 +191,8 @@ class Bridge:
             self.finish(req_id)
         toks = np.array(tokens, dtype=np.int32)
         lease = held or self.cache.load(self.cache.match(toks))
-        req = _Req(lease, planned=lease.resume_pages, prompt_pages=max(len(toks) - 1, 0) // self.P, tokens=toks)
+        req = _Req(lease, planned=lease.resume_pages, prompt_pages=max(len(toks) - 1, 0) // self.P, tokens=toks,
+                   branch_pages=self.cache.match(toks).branch_tokens // self.P if self.hybrid else 0)
         self._reqs[req_id] = req
         if external <= 0:
             return
@@ -219,7 +233,11 @@ class Bridge:
         whole after this step gets a hicache page now; the worker fills it from the block.
         On a hybrid layout the deepest boundary reached also gets a snapshot row, filled
         from the sliding-window groups' window blocks (all still allocated this step: vLLM
-        frees the blocks a window left behind only when it next allocates)."""
+        frees the blocks a window left behind only when it next allocates), and so do two
+        boundaries the step may pass on the way: the prompt's last whole page before its
+        last token (where a repeat of the prompt resumes: a prompt of whole pages reaches
+        one page further) and the point it leaves hicache's cached path (``BRANCH``: where
+        a sibling sharing the prefix resumes)."""
         self.poll()
         saves = []
         for req_id, tokens, computed, block_ids in steps:
@@ -233,35 +251,61 @@ class Bridge:
             if not self.cache.alloc_pages(req.lease, n).ok:
                 req.saving = False        # hicache's pool is full of running requests' pages
                 continue
-            row = None
-            if self.hybrid:
-                snap = self.cache.alloc_snapshot(req.lease)
-                row = int(snap.ids[0]) if snap.ok else None   # no room: the pages still serve deeper points
+            points = self._points(req, upto, block_ids)
             sid = next(self._save_ids)
-            why = Boundary.PROMPT_END if upto == req.prompt_pages else Boundary.PREFILL
-            self._saves[sid] = _Save(req, upto, row, why)
-            saves.append(self._save_op(req_id, sid, req, upto, row, block_ids))
+            self._saves[sid] = _Save(req, points)
+            saves.append(self._save_op(req_id, sid, req, points, block_ids))
             req.planned, req.in_flight = upto, req.in_flight + 1
             req.tokens = np.array(tokens[:upto * self.P], dtype=np.int32)
         loads, self._pending_loads = tuple(self._pending_loads), []
         failed, self._failed_blocks = tuple(sorted(self._failed_blocks)), set()
         return StepPlan(loads, tuple(saves), failed)
 
-    def _save_op(self, req_id: str, sid: int, req: _Req, upto: int, row: int | None,
+    def _points(self, req: _Req, upto: int, block_ids: Sequence[Sequence[int]]) -> tuple[_Point, ...]:
+        """The boundaries a save to ``upto`` publishes, each with a snapshot row on a hybrid
+        layout (None when hicache has no free row, or a window block is vLLM's null block --
+        freed, as below a local hit vLLM resumed past: the pages still serve deeper points)."""
+        if not self.hybrid:
+            return (_Point(upto, None, Boundary.PREFILL),)
+        why = {req.branch_pages: Boundary.BRANCH, req.prompt_pages: Boundary.PROMPT_END}
+        out = []
+        for pages in sorted({p for p in why if req.planned < p < upto} | {upto}):
+            row = None
+            if self._window_held(pages, block_ids):
+                snap = self.cache.alloc_snapshot(req.lease)
+                row = int(snap.ids[0]) if snap.ok else None
+            if row is not None or pages == upto:
+                out.append(_Point(pages, row, why.get(pages, Boundary.PREFILL)))
+        return tuple(out)
+
+    def _window_held(self, pages: int, block_ids: Sequence[Sequence[int]]) -> bool:
+        """Every window block at ``pages`` is a real block (vLLM's null block is id 0)."""
+        for window, ids in zip(self.windows, block_ids):
+            if window:
+                first, last = window_span(pages * self.P, window, self.P)
+                if last > len(ids) or not all(int(b) for b in ids[first:last]):
+                    return False
+        return True
+
+    def _save_op(self, req_id: str, sid: int, req: _Req, points: Sequence[_Point],
                  block_ids: Sequence[Sequence[int]]) -> CopyOp:
+        upto = points[-1].pages
         pages: list[tuple[int, ...]] = []
         blocks: list[tuple[int, ...]] = []
         for window, ids in zip(self.windows, block_ids):
             if not window:
                 pages.append(tuple(req.lease.page_table[req.planned:upto]))
                 blocks.append(tuple(int(b) for b in ids[req.planned:upto]))
-            elif row is None:
-                pages.append(())
-                blocks.append(())
-            else:
-                units, wblocks = window_plan(row, upto * self.P, window, self.P, ids)
-                pages.append(units)
-                blocks.append(wblocks)
+                continue
+            units: list[int] = []
+            wblocks: list[int] = []
+            for point in points:
+                if point.snapshot is not None:
+                    u, b = window_plan(point.snapshot, point.pages * self.P, window, self.P, ids)
+                    units.extend(u)
+                    wblocks.extend(b)
+            pages.append(tuple(units))
+            blocks.append(tuple(wblocks))
         return CopyOp(req_id, sid, tuple(pages), tuple(blocks))
 
     def poll(self) -> None:
@@ -276,8 +320,9 @@ class Bridge:
             req.in_flight -= 1
             if ok:
                 self.counters["saved_pages"] += save.upto - req.published
-                self.counters["saved_snapshots"] += save.snapshot is not None
-                self._publish(req, save.upto, save.why, save.snapshot)
+                for point in save.points:
+                    self.counters["saved_snapshots"] += point.snapshot is not None
+                    self._publish(req, point.pages, point.why, point.snapshot)
             else:
                 self.counters["save_failures"] += 1
                 req.saving = False
