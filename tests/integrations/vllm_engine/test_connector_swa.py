@@ -95,7 +95,8 @@ def test_sliding_window_concurrent_chunked_prefill_and_a_small_kv_budget(tmp_pat
     """Six requests sharing a 400-token prefix, at most four running, prefilled in 256-token
     chunks (a snapshot at each chunk's deepest boundary, published mid-prefill), 48 KV
     blocks shared by both groups (a block holds one group's two layers: the bytes of the
-    full-attention model's 24; preemptions): after ``reset_prefix_cache`` each resumes
+    full-attention model's 24; tight enough that requests wait for blocks -- whether vLLM
+    also preempts here was not checked): after ``reset_prefix_cache`` each resumes
     from hicache (pages and window) and the outputs equal vLLM's own hybrid run with the
     same budget."""
     model = make_tiny_llama(tmp_path / "tiny-swa", sliding_window=WINDOW, seed=1)
