@@ -151,6 +151,28 @@ def test_a_lookup_holds_its_lease_until_open_or_finish():
     bridge.close()
 
 
+def test_a_failed_host_copy_at_lookup_promises_nothing(monkeypatch):
+    """With several groups vLLM cannot recompute per failed block, so the lookup waits for
+    the lease's host -> pool copy: one that fails promises 0 tokens and holds no lease."""
+    from hicache.cache import Lease
+
+    bridge, kv, copiers = hybrid_engine()
+    tokens = list(range(500, 500 + 4 * B + 1))
+    full, swa = list(range(1, 6)), list(range(20, 25))
+    bridge.open("a", tokens, 0, 0, [full, swa])
+    forward(bridge, copiers, bridge.plan([("a", tokens, len(tokens), [full, swa])]), kv,
+            [{b: 1.0 for b in full}, {b: 2.0 for b in swa}])
+    bridge.finish("a")
+    with monkeypatch.context() as m:
+        m.setattr(Lease, "wait", lambda self, *a, **k: False)
+        assert bridge.lookup(tokens, 0, "b") == 0
+    assert bridge.cache.stats()["running_requests"] == 0 and bridge.counters["load_failed_tokens"] == 4 * B
+    assert bridge.lookup(tokens, 0, "b") == 4 * B            # the copy works again: promised
+    bridge.finish("b")
+    bridge.cache.check_integrity()
+    bridge.close()
+
+
 def test_a_load_short_of_the_snapshot_loads_nothing_and_fails_the_blocks():
     """The snapshot is the window at the resume point only: a load vLLM asked to stop
     earlier (fewer external tokens than promised) cannot use it."""

@@ -174,7 +174,16 @@ class Bridge:
             old = self._held.pop(req_id, None)
             if old is not None:                    # asked again (not scheduled last time)
                 self.cache.release(old)
-            lease = self._held[req_id] = self.cache.load(m)
+            # vLLM cannot take a failed load back block by block with several KV cache
+            # groups (it raises), so here the host -> pool copy is waited for before anything
+            # is promised: the worker's copy pool -> blocks then cannot fail. A failed copy
+            # promises nothing (vLLM computes the prefix); hicache keeps its host copy.
+            lease = self.cache.load(m)
+            if not lease.wait() or not lease.ok:
+                self.cache.release(lease)
+                self.counters["load_failed_tokens"] += lease.resume_tokens
+                return 0
+            self._held[req_id] = lease
             resume = lease.resume_tokens
         extra = max(0, resume - vllm_tokens)
         self.counters["lookup_hit_tokens"] += extra
