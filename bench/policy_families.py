@@ -1,6 +1,6 @@
 """Every trace family, fresh seeds, every policy beside kvcache-simulator's LRU and optimal.
 
-    python bench/policy_families.py --seeds 100,101 --out DIR [--families F,...]
+    python bench/policy_families.py --seeds 102,103 --out DIR [--families F,...]
         [--config deepseek-v4-flash] [--device-gib 0.25] [--host-gib 0.25,0.5,1]
         [--policies lru,adaptive] [--bytes none|real] [--jobs 2] [--report-only] [--json] [--plot F.png]
 

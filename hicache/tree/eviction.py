@@ -129,9 +129,13 @@ class Ranked:
         snapshot   (0 if a rule below puts it first | 1 | 2 branch point (forks_last),  last_access)
         page run   (1, last_access)                    (dead tails first: the tree's order)
 
-        superseded_first     a request resumed from it or passed it, and a deeper snapshot
-                             now hangs below on its only path (no fork): the chain moved on
-                             past it, the way a conversation's next turn publishes deeper;
+        superseded_first     a request resumed from it or passed it, a request's prompt
+                             went on past it (exactly one branch taken, ``branches == 1``,
+                             no fork) and a deeper snapshot hangs below: the chain moved on
+                             past it, the way a conversation's next turn publishes deeper.
+                             A decode's tail below it does not count (``decoded`` children
+                             are not branches): a repeated prompt resumes at it and leaves
+                             its own idle tail there, and the next repeat needs it again;
                              ``passed_only``: only a request that went *through* it to a
                              deeper point counts (resuming exactly there does not)
         idle_tails_first     offered at a decode's end (``kind == "finish"``) and no
