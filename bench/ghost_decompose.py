@@ -112,6 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         layout, cfg = load_config(a.config, device_bytes=int(a.device_gib * 2**30), host_bytes=int(a.host_gib * 2**30))
         units, snap = plan_pools(layout, cfg.pools).page_units()
         reqs = read_trace(a.trace)
+        if not reqs:
+            raise HiCacheError(f"trace {a.trace}: no requests")
+        bad = next((r["block_size"] for r in reqs if r["block_size"] % layout.page_tokens), None)
+        if bad is not None:
+            raise HiCacheError(f"trace {a.trace}: block_size {bad} is not a multiple of the page ({layout.page_tokens} tokens)")
         policies = [x for x in a.policies.split(",") if x]
         for x in policies:
             get_strategy(x)

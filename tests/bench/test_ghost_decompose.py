@@ -56,3 +56,13 @@ def test_a_bad_trace_is_one_line_and_exit_2(tmp_path, capsys):
     assert gd.main(["--trace", str(bad), "--device-gib", "0.25", "--host-gib", "0.5", "--sim-blocks", "10"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "line 1" in err
+
+
+@pytest.mark.parametrize("text, words", [("", "no requests"),
+                                         (json.dumps(req([1], out=1) | {"block_size": 100}) + "\n", "block_size 100")])
+def test_an_empty_trace_or_an_odd_block_size_is_one_line_and_exit_2(tmp_path, capsys, text, words):
+    bad = tmp_path / "t.jsonl"
+    bad.write_text(text)
+    assert gd.main(["--trace", str(bad), "--device-gib", "0.25", "--host-gib", "0.5", "--sim-blocks", "10"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and words in err

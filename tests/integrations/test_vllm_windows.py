@@ -1,11 +1,13 @@
 """``HiCacheConnector`` on vLLM's hybrid manager, without vLLM: the window each snapshot
-holds (:mod:`hicache.integrations.vllm.windows`, checked against vLLM's skipped-token rule)
+holds (:mod:`hicache.integrations.vllm.windows`, against vLLM's skipped-token rule restated here;
+``vllm_engine/test_windows_rule.py`` checks it against vLLM's own code)
 and a bridge with a full-attention group (history) and a sliding-window group (state)
 driven by hand the way vLLM drives it. (Inside a real engine:
 ``tests/integrations/vllm_engine/test_connector_swa.py``.)"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -143,8 +145,13 @@ def test_a_lookup_holds_its_lease_until_open_or_finish():
             [{b: 1.0 for b in full}, {b: 2.0 for b in swa}])
     bridge.finish("a")
     assert bridge.lookup(tokens, 0, "b") == 4 * B
-    assert bridge.lookup(tokens, 0, "b") == 4 * B           # not scheduled last step: asked again
+    hits = bridge.cache.counters.hit_tokens
+    for _ in range(4):                                      # not scheduled: asked again each step
+        assert bridge.lookup(tokens, 0, "b") == 4 * B
     assert bridge.cache.stats()["running_requests"] == 1
+    snap = bridge.cache._tree.walk(np.asarray(tokens, np.int32), 4).segments[-1][0].snapshot
+    assert bridge.cache.counters.hit_tokens == hits and snap.resumed == 1   # the one lease answers
+    assert bridge.lookup(tokens, 4 * B, "b") == 0           # vLLM's own hit covers it: nothing more
     bridge.finish("b")                                      # aborted while waiting
     assert bridge.cache.stats()["running_requests"] == 0
     bridge.cache.check_integrity()

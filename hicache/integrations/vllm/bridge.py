@@ -49,7 +49,7 @@ import numpy as np
 
 from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.errors import HiCacheError
-from hicache.integrations.vllm.windows import window_plan, window_span
+from hicache.integrations.vllm.windows import group_copies, windows_held
 
 log = logging.getLogger(__name__)
 
@@ -171,36 +171,51 @@ class Bridge:
                 m = self.cache.match(toks)
         resume = m.resume_tokens
         if self.hybrid and req_id is not None:
-            old = self._held.pop(req_id, None)
-            if old is not None:                    # asked again (not scheduled last time)
-                self.cache.release(old)
-            # vLLM cannot take a failed load back block by block with several KV cache
-            # groups (it raises), so here the host -> pool copy is waited for before anything
-            # is promised: the worker's copy pool -> blocks then cannot fail. A failed copy
-            # promises nothing (vLLM computes the prefix); hicache keeps its host copy.
-            lease = self.cache.load(m)
-            if not lease.wait() or not lease.ok:
-                self.cache.release(lease)
-                self.counters["load_failed_tokens"] += lease.resume_tokens
-                return 0
-            self._held[req_id] = lease
-            resume = lease.resume_tokens
+            resume = self._hold(req_id, m, vllm_tokens)
         extra = max(0, resume - vllm_tokens)
         self.counters["lookup_hit_tokens"] += extra
         return extra
 
+    def _hold(self, req_id: str, m, vllm_tokens: int) -> int:
+        """Hybrid layouts lease at lookup (vLLM cannot take a failed load back block by
+        block with several KV cache groups: it raises), so what is promised is what is
+        held; returns the tokens held. The host -> pool copy is waited for here, so the
+        worker's copy pool -> blocks cannot fail; a failed copy promises nothing (vLLM
+        computes the prefix; hicache keeps its host copy). Asked again (the request was
+        not scheduled), the lease it holds answers unless the cache now resumes deeper:
+        re-leasing would count the hit, the snapshot's ``resumed`` and the ghosts' lookup
+        once per ask. Nothing past vLLM's own hit: nothing is leased or waited for."""
+        old = self._held.get(req_id)
+        if old is not None and m.resume_tokens <= old.resume_tokens:
+            return old.resume_tokens
+        if old is not None:
+            del self._held[req_id]
+            self.cache.release(old)
+        if m.resume_tokens <= vllm_tokens:
+            return m.resume_tokens
+        lease = self.cache.load(m)
+        if not lease.wait() or not lease.ok:
+            self.cache.release(lease)
+            self.counters["load_failed_tokens"] += lease.resume_tokens
+            return 0
+        self._held[req_id] = lease
+        return lease.resume_tokens
+
     def open(self, req_id: str, tokens: Sequence[int], vllm_tokens: int, external: int,
-             block_ids: Sequence[Sequence[int]]) -> None:
+             block_ids: Sequence[Sequence[int]], prompt_tokens: int | None = None) -> None:
         """vLLM allocated ``block_ids`` (per KV cache group) for ``req_id``, of which
         ``external`` tokens past its own ``vllm_tokens`` are ours to fill: lease the prefix
         (or take the one the lookup leased) and plan the copy. What the lease cannot cover
-        (evicted since the lookup) becomes failed blocks, which vLLM recomputes."""
+        (evicted since the lookup) becomes failed blocks, which vLLM recomputes.
+        ``prompt_tokens``: the prompt's length (default all of ``tokens``; a request
+        scheduled again after a preemption brings its output so far too)."""
         held = self._held.pop(req_id, None)   # before finish(): that releases a held lease
         if req_id in self._reqs:          # preempted and scheduled again
             self.finish(req_id)
         toks = np.array(tokens, dtype=np.int32)
         lease = held or self.cache.load(self.cache.match(toks))
-        req = _Req(lease, planned=lease.resume_pages, prompt_pages=max(len(toks) - 1, 0) // self.P, tokens=toks,
+        prompt = len(toks) if prompt_tokens is None else prompt_tokens
+        req = _Req(lease, planned=lease.resume_pages, prompt_pages=max(prompt - 1, 0) // self.P, tokens=toks,
                    branch_pages=self.cache.match(toks).branch_tokens // self.P if self.hybrid else 0)
         self._reqs[req_id] = req
         if external <= 0:
@@ -220,20 +235,14 @@ class Bridge:
 
     def _load_op(self, req_id: str, lease: Lease, first: int, have: int,
                  block_ids: Sequence[Sequence[int]]) -> CopyOp:
-        pages: list[tuple[int, ...]] = []
-        blocks: list[tuple[int, ...]] = []
-        for window, ids in zip(self.windows, block_ids):
-            if not window:
-                pages.append(tuple(lease.page_table[first:have]))
-                blocks.append(tuple(int(b) for b in ids[first:have]))
-                continue
-            assert lease.snapshot_id is not None, "open() loads a hybrid prefix only with its snapshot"
-            units, wblocks = window_plan(lease.snapshot_id, have * self.P, window, self.P, ids, from_block=first)
-            pages.append(units)
-            blocks.append(wblocks)
+        row = lease.snapshot_id
+        assert not self.hybrid or row is not None, "open() loads a hybrid prefix only with its snapshot"
+        snaps = ((row, have),) if row is not None and self.hybrid else ()
+        pages, blocks = group_copies(self.windows, self.P, lease.page_table, first, have, snaps, block_ids,
+                                     from_block=first)
         if self.hybrid:
             self.counters["loaded_snapshots"] += 1
-        return CopyOp(req_id, 0, tuple(pages), tuple(blocks))
+        return CopyOp(req_id, 0, pages, blocks)
 
     # -- scheduler: saves -------------------------------------------------------------------
     def plan(self, steps: Sequence[tuple[str, Sequence[int], int, Sequence[Sequence[int]]]]) -> StepPlan:
@@ -280,42 +289,19 @@ class Bridge:
         out = []
         for pages in sorted({p for p in why if req.planned < p < upto} | {upto}):
             row = None
-            if self._window_held(pages, block_ids):
+            if windows_held(self.windows, pages, self.P, block_ids):
                 snap = self.cache.alloc_snapshot(req.lease)
                 row = int(snap.ids[0]) if snap.ok else None
             if row is not None or pages == upto:
                 out.append(_Point(pages, row, why.get(pages, Boundary.PREFILL)))
         return tuple(out)
 
-    def _window_held(self, pages: int, block_ids: Sequence[Sequence[int]]) -> bool:
-        """Every window block at ``pages`` is a real block (vLLM's null block is id 0)."""
-        for window, ids in zip(self.windows, block_ids):
-            if window:
-                first, last = window_span(pages * self.P, window, self.P)
-                if last > len(ids) or not all(int(b) for b in ids[first:last]):
-                    return False
-        return True
-
     def _save_op(self, req_id: str, sid: int, req: _Req, points: Sequence[_Point],
                  block_ids: Sequence[Sequence[int]]) -> CopyOp:
-        upto = points[-1].pages
-        pages: list[tuple[int, ...]] = []
-        blocks: list[tuple[int, ...]] = []
-        for window, ids in zip(self.windows, block_ids):
-            if not window:
-                pages.append(tuple(req.lease.page_table[req.planned:upto]))
-                blocks.append(tuple(int(b) for b in ids[req.planned:upto]))
-                continue
-            units: list[int] = []
-            wblocks: list[int] = []
-            for point in points:
-                if point.snapshot is not None:
-                    u, b = window_plan(point.snapshot, point.pages * self.P, window, self.P, ids)
-                    units.extend(u)
-                    wblocks.extend(b)
-            pages.append(tuple(units))
-            blocks.append(tuple(wblocks))
-        return CopyOp(req_id, sid, tuple(pages), tuple(blocks))
+        snaps = [(p.snapshot, p.pages) for p in points if p.snapshot is not None]
+        pages, blocks = group_copies(self.windows, self.P, req.lease.page_table, req.planned, points[-1].pages,
+                                     snaps, block_ids)
+        return CopyOp(req_id, sid, pages, blocks)
 
     def poll(self) -> None:
         """Apply the worker's acks (publish) and hicache's finished copies."""

@@ -291,7 +291,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         local = self._asked.pop(request.request_id, 0) if num_external_tokens else 0
         self._live[request.request_id] = request
         self.bridge.open(request.request_id, request.all_token_ids, local, num_external_tokens,
-                         blocks.get_block_ids())
+                         blocks.get_block_ids(), prompt_tokens=request.num_prompt_tokens)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self._kv_cache_manager is not None, "vLLM binds the KV cache manager before scheduling"

@@ -24,7 +24,7 @@ recorded.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from hicache.errors import ConfigError
 
@@ -61,3 +61,42 @@ def window_plan(row: int, resume: int, window: int, block_tokens: int, block_ids
     units = tuple(row * k + k - (last - i) for i in range(first, last))
     blocks = tuple(int(block_ids[i]) for i in range(first, last))
     return units, blocks
+
+
+def windows_held(windows: Sequence[int], pages: int, block_tokens: int,
+                 block_ids: Sequence[Sequence[int]]) -> bool:
+    """Every window block at ``pages`` (per sliding-window group: ``windows[g]`` > 0) is a
+    real block: vLLM's null block (id 0) marks one it freed."""
+    for window, ids in zip(windows, block_ids):
+        if window:
+            first, last = window_span(pages * block_tokens, window, block_tokens)
+            if last > len(ids) or not all(int(b) for b in ids[first:last]):
+                return False
+    return True
+
+
+def group_copies(windows: Sequence[int], block_tokens: int, page_ids: Sequence[int], first: int, upto: int,
+                 snapshots: Iterable[tuple[int, int]], block_ids: Sequence[Sequence[int]],
+                 from_block: int = 0) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Per KV cache group, the (pool units, vLLM blocks) of one request's copy: a
+    full-attention group its pages ``[first, upto)`` (``page_ids``, the lease's page table)
+    and blocks, a sliding-window group every ``(snapshot row, boundary pages)`` in
+    ``snapshots`` as :func:`window_plan` slots and window blocks (``from_block``: blocks
+    below it left out, as on a load the ones vLLM's own prefix cache filled)."""
+    pages: list[tuple[int, ...]] = []
+    blocks: list[tuple[int, ...]] = []
+    snaps = tuple(snapshots)
+    for window, ids in zip(windows, block_ids):
+        if not window:
+            pages.append(tuple(int(p) for p in page_ids[first:upto]))
+            blocks.append(tuple(int(b) for b in ids[first:upto]))
+            continue
+        units: list[int] = []
+        wblocks: list[int] = []
+        for row, at in snaps:
+            u, b = window_plan(row, at * block_tokens, window, block_tokens, ids, from_block=from_block)
+            units.extend(u)
+            wblocks.extend(b)
+        pages.append(tuple(units))
+        blocks.append(tuple(wblocks))
+    return tuple(pages), tuple(blocks)
