@@ -25,9 +25,9 @@ from hicache.units import parse_bytes
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 HOST_TIERS = ("inclusive", "exclusive")
-EVICTION_POLICIES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late", "adaptive")
+EVICTION_POLICIES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late", "probation", "adaptive")
 # What ``adaptive`` may follow (each also an ``eviction`` of its own; docs/policy.md).
-ADAPTIVE_CANDIDATES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late")
+ADAPTIVE_CANDIDATES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late", "probation")
 DEFAULT_CANDIDATES = ("lru", "value", "reuse", "reuse-prompt", "reuse-prompt-late")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 NO_L3 = "none://"   # the storage URL of a cache without L3

@@ -209,12 +209,13 @@ class ConfiguredPolicy:
 
 def _distinct_candidates(names: Sequence[str], needs_snapshots: bool) -> list[str]:
     """The candidates that can rank differently: without state (MHA, MLA) there are no
-    snapshots, so every class rule is moot and each ranked order is plain LRU."""
+    snapshots, so every class rule is moot and each ranked order is plain LRU (``lfu`` and
+    ``probation`` rank pages by their hits, and stay)."""
     if needs_snapshots:
         return list(names)
     out: list[str] = []
     for name in names:
-        name = "lfu" if name == "lfu" else "lru"
+        name = name if name in ("lfu", "probation") else "lru"
         if name not in out:
             out.append(name)
     return out

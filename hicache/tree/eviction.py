@@ -150,6 +150,14 @@ class Ranked:
                              run and other snapshot; ``refresh_forks``: a request passing a
                              branch point's snapshot (or one that was, ``forked``) on its
                              way deeper counts as using it
+        probation            a page run no request has resumed through (``hit_count`` 0)
+                             and a snapshot nobody resumed from or passed rank in class
+                             0.5: after what the rules above put first, before everything
+                             that was reused. Admission by rank (segmented LRU): on traffic
+                             where most chains are used once (production), what never
+                             came back goes before what did; on chat it drops each new
+                             turn before its first reuse, so it is never a default, only a
+                             candidate the selector may follow (``probation``, opt-in)
 
     With every switch off it ranks exactly as :class:`LRU` does. Which candidate suits the
     traffic is not decided here: :class:`~hicache.tree.selector.PolicySelector` runs each
@@ -158,8 +166,9 @@ class Ranked:
 
     def __init__(self, name: str, *, superseded_first: bool = False, idle_tails_first: bool = False,
                  intermediate_first: bool = False, forks_last: bool = False, refresh_forks: bool = False,
-                 passed_only: bool = False):
+                 passed_only: bool = False, probation: bool = False):
         self.name = name
+        self.probation = probation
         self.superseded_first = superseded_first
         self.idle_tails_first = idle_tails_first
         self.intermediate_first = intermediate_first
@@ -168,7 +177,7 @@ class Ranked:
         self.passed_only = passed_only
 
     def node_priority(self, node: RankedNode) -> tuple:
-        return (1, node.last_access)
+        return (0.5 if self.probation and node.hit_count == 0 else 1, node.last_access)
 
     def snapshot_priority(self, node: RankedNode, snap: RankedSnapshot) -> tuple:
         nb = node.branches
@@ -180,6 +189,8 @@ class Ranked:
                 return (0, snap.last_access)
         if self.idle_tails_first and snap.kind == "finish" and not (snap.resumed or snap.passed):
             return (0, snap.last_access)
+        if self.probation and not (snap.resumed or snap.passed):
+            return (0.5, snap.last_access)
         return (1, snap.last_access)
 
     def first_class(self, node: RankedNode, snap: RankedSnapshot) -> bool:
@@ -232,6 +243,8 @@ CANDIDATES: dict[str, dict[str, bool]] = {
     "reuse": {"superseded_first": True, "forks_last": True, "refresh_forks": True},
     "reuse-prompt": {"superseded_first": True, "idle_tails_first": True},
     "reuse-prompt-late": {"superseded_first": True, "passed_only": True, "idle_tails_first": True},
+    # opt-in (not in the default adaptive_candidates): reuse-prompt plus admission by rank
+    "probation": {"superseded_first": True, "idle_tails_first": True, "probation": True},
 }
 
 

@@ -192,7 +192,7 @@ def test_bad_policies_are_one_line_before_anything_runs(capsys, monkeypatch):
         assert main([*base, "--policies", bad]) == 2, bad
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--policies" in err[0], err
-        assert "lru,lfu,value,reuse,reuse-prompt,reuse-prompt-late,adaptive" in err[0], err
+        assert "lru,lfu,value,reuse,reuse-prompt,reuse-prompt-late,probation,adaptive" in err[0], err
     assert main([*base, "--policies", "lru,value", "--eviction", "value"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--policies" in err[0] and "--eviction" in err[0], err

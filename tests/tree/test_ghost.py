@@ -131,6 +131,22 @@ def test_a_decode_below_a_resumed_snapshot_does_not_supersede_it():
     g.check()
 
 
+def test_probation_gives_up_what_was_never_reused_before_what_was():
+    # A (older) was resumed from once; B (newer) never was. LRU evicts A first, probation B.
+    for name, gone, kept in (("lru", 2, 12), ("probation", 12, 2)):
+        s = get_strategy(name)
+        g = GhostCache(s, capacity_units=9, snapshot_units=1)
+        serve(g, "a", [1, 2])                       # 3 units
+        assert g.lookup("a2", [1, 2, 3]) == 2       # A's chain reused
+        g.release("a2")
+        serve(g, "b", [11, 12])                     # 6 units
+        serve(g, "c", [21])                         # 8 units, c newest
+        serve(g, "d", [31])                         # 10: one page and one snapshot must go
+        assert gone not in g.nodes and kept in g.nodes, name
+        g.check()
+    assert not s.first_class(g.nodes[2], g.nodes[2].snapshot)   # ranks early, still worth a host copy
+
+
 def test_forks_last_keeps_a_branch_points_snapshot_over_every_leaf():
     g = GhostCache(get_strategy("reuse"), capacity_units=12, snapshot_units=1)
     serve(g, "s", [1, 2])                       # a shared prefix, snapshot at 2

@@ -73,6 +73,8 @@ def ref_snapshot_priority(strategy, n, s) -> tuple:
             return (0, s.last_access)
         if strategy.idle_tails_first and s.kind == "finish" and not used:
             return (0, s.last_access)
+        if strategy.probation and not (s.resumed or s.passed):
+            return (0.5, s.last_access)
         return (1, s.last_access)
     return strategy.priority(s.last_access, 0)
 
@@ -267,7 +269,8 @@ def _publish(tree, pages, new_ids):
 @given(seqs=SEQS, ops=OPS, state=st.booleans(), lfu=st.booleans())
 def test_incremental_order_matches_a_fresh_scan(seqs, ops, state, lfu):
     tree = RadixTree(P, needs_snapshots=state)
-    strategies = [LFU() if lfu else LRU(), LRU(), Value(), get_strategy("reuse"), get_strategy("reuse-prompt")]
+    strategies = [LFU() if lfu else LRU(), LRU(), Value(), get_strategy("reuse"), get_strategy("reuse-prompt"),
+                  get_strategy("probation")]
     next_id = [100]
     locked: list = []
 
