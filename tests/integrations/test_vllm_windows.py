@@ -139,11 +139,7 @@ def test_a_lookup_holds_its_lease_until_open_or_finish():
     several groups): asked again it re-leases, aborted unscheduled it releases."""
     bridge, kv, copiers = hybrid_engine()
     tokens = list(range(7, 7 + 4 * B + 1))
-    full, swa = list(range(1, 6)), list(range(20, 25))
-    bridge.open("a", tokens, 0, 0, [full, swa])
-    forward(bridge, copiers, bridge.plan([("a", tokens, len(tokens), [full, swa])]), kv,
-            [{b: 1.0 for b in full}, {b: 2.0 for b in swa}])
-    bridge.finish("a")
+    _prefill(bridge, kv, copiers, "a", tokens)
     assert bridge.lookup(tokens, 0, "b") == 4 * B
     hits = bridge.cache.counters.hit_tokens
     for _ in range(4):                                      # not scheduled: asked again each step
@@ -165,11 +161,7 @@ def test_a_failed_host_copy_at_lookup_promises_nothing(monkeypatch):
 
     bridge, kv, copiers = hybrid_engine()
     tokens = list(range(500, 500 + 4 * B + 1))
-    full, swa = list(range(1, 6)), list(range(20, 25))
-    bridge.open("a", tokens, 0, 0, [full, swa])
-    forward(bridge, copiers, bridge.plan([("a", tokens, len(tokens), [full, swa])]), kv,
-            [{b: 1.0 for b in full}, {b: 2.0 for b in swa}])
-    bridge.finish("a")
+    _prefill(bridge, kv, copiers, "a", tokens)
     with monkeypatch.context() as m:
         m.setattr(Lease, "wait", lambda self, *a, **k: False)
         assert bridge.lookup(tokens, 0, "b") == 0
@@ -185,11 +177,7 @@ def test_a_load_short_of_the_snapshot_loads_nothing_and_fails_the_blocks():
     earlier (fewer external tokens than promised) cannot use it."""
     bridge, kv, copiers = hybrid_engine()
     tokens = list(range(300, 300 + 4 * B + 1))
-    full, swa = list(range(1, 6)), list(range(20, 25))
-    bridge.open("a", tokens, 0, 0, [full, swa])
-    forward(bridge, copiers, bridge.plan([("a", tokens, len(tokens), [full, swa])]), kv,
-            [{b: 1.0 for b in full}, {b: 2.0 for b in swa}])
-    bridge.finish("a")
+    _prefill(bridge, kv, copiers, "a", tokens)
     assert bridge.lookup(tokens, 0, "b") == 4 * B
     bridge.open("b", tokens, 0, 3 * B, [[40, 41, 42, 43, 44], [0, 51, 52, 53, 54]])
     plan = bridge.plan([])
@@ -201,7 +189,7 @@ def test_a_load_short_of_the_snapshot_loads_nothing_and_fails_the_blocks():
 
 
 def _prefill(bridge, kv, copiers, req, tokens, fill=1.0):
-    """One request prefilled in one step from nothing, finished; its block ids."""
+    """One request prefilled in one step from nothing (blocks 1.. and 20..), finished; its plan."""
     n = len(tokens) // B + 1
     full, swa = list(range(1, n + 1)), list(range(20, 20 + n))
     assert bridge.lookup(tokens, 0, req) == 0

@@ -210,23 +210,33 @@ def test_concurrent_requests_chunked_prefill_and_a_small_kv_budget(engine_env):
     chunks (pages published mid-prefill), 24 KV blocks: after ``reset_prefix_cache`` the
     prefixes come from hicache and the outputs equal the same engine without a connector."""
     model, _ = engine_env
+    cached, s = concurrent_resume(model, blocks=24, url="memory://vllm-concurrent")
+    assert all(c >= 384 for c in cached), cached
+    assert s["loaded_tokens"] > 0 and s["save_failures"] == 0 and s["load_failed_tokens"] == 0, s
+
+
+def concurrent_resume(model, *, blocks: int, url: str) -> tuple[list[int], dict]:
+    """Six requests sharing a 400-token prefix, at most four running, 256-token chunks,
+    ``blocks`` KV blocks: served by vLLM alone, then with the connector on ``url`` twice
+    (``reset_prefix_cache`` between); every output equal to vLLM alone's. Returns the second
+    pass's ``num_cached_tokens`` and the bridge's stats."""
     rng = random.Random(3)
     base = [rng.randrange(3, VOCAB) for _ in range(400)]
     prompts = [base + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (300, 350, 420, 500, 280, 330)]
-    small = {"num_gpu_blocks_override": 24, "max_num_batched_tokens": 256, "max_num_seqs": 4}
+    small = {"num_gpu_blocks_override": blocks, "max_num_batched_tokens": 256, "max_num_seqs": 4}
     ref = start(model, None, small)
     expected, _ = generate(ref, prompts)
     stop(ref)
-    llm = start(model, "memory://vllm-concurrent", small)
+    llm = start(model, url, small)
     b = bridge(llm)
     outs, _ = generate(llm, prompts)
     assert outs == expected
     assert llm.reset_prefix_cache()
     outs, cached = generate(llm, prompts)
-    assert outs == expected and all(c >= 384 for c in cached), cached
+    assert outs == expected, cached
     s = b.stats()
-    assert s["loaded_tokens"] > 0 and s["save_failures"] == 0 and s["load_failed_tokens"] == 0, s
     stop(llm)
+    return cached, s
 
 
 def test_prometheus_series_through_vllms_connector_metrics():

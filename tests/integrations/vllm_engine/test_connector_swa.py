@@ -18,7 +18,7 @@ import random
 
 import pytest
 
-from .test_connector_engine import bridge, generate, start, stop
+from .test_connector_engine import bridge, concurrent_resume, generate, start, stop
 from .tiny_llama import VOCAB, make_tiny_llama
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -100,20 +100,6 @@ def test_sliding_window_concurrent_chunked_prefill_and_a_small_kv_budget(tmp_pat
     from hicache (pages and window) and the outputs equal vLLM's own hybrid run with the
     same budget."""
     model = make_tiny_llama(tmp_path / "tiny-swa", sliding_window=WINDOW, seed=1)
-    rng = random.Random(3)
-    base = [rng.randrange(3, VOCAB) for _ in range(400)]
-    prompts = [base + [rng.randrange(3, VOCAB) for _ in range(n)] for n in (300, 350, 420, 500, 280, 330)]
-    small = {"num_gpu_blocks_override": 48, "max_num_batched_tokens": 256, "max_num_seqs": 4}
-    ref = start(model, None, small)
-    expected, _ = generate(ref, prompts)
-    stop(ref)
-    llm = start(model, "memory://vllm-swa-concurrent", small)
-    b = bridge(llm)
-    outs, _ = generate(llm, prompts)
-    assert outs == expected
-    assert llm.reset_prefix_cache()
-    outs, cached = generate(llm, prompts)
-    assert outs == expected and all(c >= 256 for c in cached), cached
-    s = b.stats()
-    assert s["loaded_snapshots"] >= len(prompts) and s["save_failures"] == 0 and s["load_failed_tokens"] == 0, s
-    stop(llm)
+    cached, s = concurrent_resume(model, blocks=48, url="memory://vllm-swa-concurrent")
+    assert all(c >= 256 for c in cached), cached
+    assert s["loaded_snapshots"] >= len(cached) and s["save_failures"] == 0 and s["load_failed_tokens"] == 0, s
