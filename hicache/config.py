@@ -28,7 +28,7 @@ HOST_TIERS = ("inclusive", "exclusive")
 EVICTION_POLICIES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late", "probation", "adaptive")
 # What ``adaptive`` may follow (each also an ``eviction`` of its own; docs/policy.md).
 ADAPTIVE_CANDIDATES = ("lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late", "probation")
-DEFAULT_CANDIDATES = ("lru", "value", "reuse", "reuse-prompt", "reuse-prompt-late")
+DEFAULT_CANDIDATES = ("lru", "value", "reuse", "reuse-prompt", "reuse-prompt-late", "probation")
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 NO_L3 = "none://"   # the storage URL of a cache without L3
 L3_ADMIT_MODES = ("off", "published", "reused")
