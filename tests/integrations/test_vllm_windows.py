@@ -18,6 +18,8 @@ from hicache.integrations.vllm.bridge import Bridge
 from hicache.integrations.vllm.config import GroupGeometry, connector_config, family_names, layout_for
 from hicache.integrations.vllm.windows import window_plan, window_slots, window_span
 
+from .vllm_worker import worker_step
+
 B, H, D, BLOCKS, W = 16, 2, 8, 64, 40       # W: 39 tokens before the next one -> 3 blocks
 FULL = tuple(f"model.layers.{i}.self_attn.attn" for i in (1, 3))
 SWA = tuple(f"model.layers.{i}.self_attn.attn" for i in (0, 2))
@@ -62,8 +64,8 @@ def test_layout_history_for_full_groups_state_for_sliding_ones():
     layout = layout_for(GROUPS, model="tiny")
     assert family_names(GROUPS) == ("kv", "swa1")
     kv, swa = layout.families
-    assert (kv.kind, kv.layer_ids, kv.row_bytes) == ("history", (1, 3), BLOCK_BYTES // B)
-    assert (swa.kind, swa.layer_ids, swa.rows_kept) == ("state", (0, 2), 3 * B)
+    assert (kv.kind, kv.layer_ids, kv.tokens_per_row, kv.row_bytes) == ("history", (1, 3), B, BLOCK_BYTES)
+    assert (swa.kind, swa.layer_ids, swa.rows_kept, swa.row_bytes) == ("state", (0, 2), 3, BLOCK_BYTES)
     assert layout.state_bytes_per_snapshot == 2 * 3 * BLOCK_BYTES and layout.has_state
     with pytest.raises(ConfigError, match="ChunkedLocal"):
         layout_for([GROUPS[0], GroupGeometry("ChunkedLocalAttentionSpec", SWA, B, BLOCK_BYTES)])
@@ -82,16 +84,12 @@ def hybrid_engine():
 
 def forward(bridge, copiers, plan, kv, fill=None):
     """One step: per group and layer, load, (attention writes ``fill[g]``), save."""
-    for g, (copier, names) in enumerate(zip(copiers, (FULL, SWA))):
-        for layer, name in enumerate(names):
-            for op in plan.loads:
-                assert bridge.wait_load(op.req, GROUPS[g].layer_ids[layer])
-                copier.load(layer, op.pages[g], op.blocks[g])
-            for block, value in ((fill or [{}, {}])[g]).items():
-                kv[name][block] = value + 10 * layer + 100 * g
-            for op in plan.saves:
-                copier.save(layer, op.pages[g], op.blocks[g])
-    bridge.report_saves([(op.key, True) for op in plan.saves])
+    def write(g, layer):
+        name = (FULL, SWA)[g][layer]
+        for block, value in ((fill or [{}, {}])[g]).items():
+            kv[name][block] = value + 10 * layer + 100 * g
+
+    worker_step(bridge, plan, [(g, c, GROUPS[g].layer_ids) for g, c in enumerate(copiers)], write)
 
 
 @pytest.mark.parametrize("pages", [6, 2])

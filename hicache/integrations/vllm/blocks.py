@@ -2,8 +2,8 @@
 only, no vLLM import).
 
 vLLM's CPU attention keeps one tensor per layer, ``[num_blocks, kv_heads, block_size,
-2 * head_size]``: a block is one contiguous run of bytes, the same run hicache stores as
-one page of that layer (``pools.device.view(family)[layer, page]``). Each step moves
+2 * head_size]`` (or a strided view of a shared buffer, blocks first): a block is one
+contiguous run of bytes, the same run hicache stores as one page of that layer (``pools.device.view(family)[layer, page]``). Each step moves
 every request's pages of a layer in one gather and one scatter (``index_select`` +
 ``index_copy_``), so the cost is one batched copy per layer per direction, whatever the
 number of requests. The byte layout inside a block is vLLM's; hicache never interprets it,
@@ -21,14 +21,19 @@ from hicache.errors import ConfigError
 
 def block_rows(kv: torch.Tensor, num_blocks: int | None = None) -> torch.Tensor:
     """``kv`` as ``[num_blocks, block_bytes]`` uint8, sharing its storage. Needs the block
-    dimension first and each block contiguous (vLLM's CPU layout); anything else is a
-    config error rather than a silent wrong copy."""
+    dimension first and each block's bytes contiguous; blocks need not be adjacent
+    (DeepSeek-V4 packs several layers' blocks into one stride, each layer a view at its
+    offset). Anything else is a config error rather than a silent wrong copy."""
     if num_blocks is not None and kv.shape[0] != num_blocks:
         raise ConfigError("kv_cache.shape", tuple(kv.shape), f"expected {num_blocks} blocks in dimension 0")
-    if not kv.is_contiguous():
+    try:
+        rows = kv.view(kv.shape[0], -1)      # raises where a block's bytes are not one run
+        if rows.shape[1] > 1 and rows.stride(1) != 1:
+            raise RuntimeError("strided block")
+        return rows.view(torch.uint8)
+    except RuntimeError:
         raise ConfigError("kv_cache.layout", tuple(kv.stride()),
-                          "HiCacheConnector needs each layer's KV cache contiguous with blocks first")
-    return kv.view(kv.shape[0], -1).view(torch.uint8)
+                          "HiCacheConnector needs each block of a layer's KV cache contiguous, blocks first") from None
 
 
 def _index(ids: Iterable[int]) -> torch.Tensor:

@@ -3,8 +3,9 @@ written against hicache alone (no vLLM import), so it can be tested without an e
 
 vLLM's paged KV blocks are L1. hicache keeps what vLLM computed in its radix tree, its own
 pool (the facade's "device" tier, here a staging pool in the worker's memory), its host
-pool and L3. One hicache page is one vLLM block (``page_tokens == block_size``), so a page
-maps to a block with no re-chunking. Per request::
+pool and L3. One hicache page is one block of the full-attention groups (``page_tokens ==
+block_size``), so a page maps to a block with no re-chunking; a sliding-window group may
+have smaller blocks that divide it (its snapshot slots are its own blocks). Per request::
 
     lookup()   get_num_new_matched_tokens: hicache's match (fetching L3 pages into the
                host pool first) beyond the blocks vLLM already holds
@@ -49,33 +50,10 @@ import numpy as np
 
 from hicache.cache import Boundary, HiCache, Lease, Prefetch
 from hicache.errors import HiCacheError
+from hicache.integrations.vllm.plan import CopyOp, StepPlan
 from hicache.integrations.vllm.windows import group_copies, windows_held
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CopyOp:
-    """One request's pages <-> blocks for one step, per KV cache group (``pages[g]`` pairs
-    with ``blocks[g]``). For a full-attention group the units are hicache page ids; for a
-    sliding-window group, slots of a snapshot row (:func:`~.windows.window_plan`). ``key``:
-    the save id the worker acks (a save), or 0 (a load: the worker waits on ``req``'s
-    lease)."""
-
-    req: str
-    key: int
-    pages: tuple[tuple[int, ...], ...]
-    blocks: tuple[tuple[int, ...], ...]
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What the worker does this step. ``failed``: blocks promised to vLLM that hicache
-    could not lease after all; the worker reports them as load errors (vLLM recomputes)."""
-
-    loads: tuple[CopyOp, ...] = ()
-    saves: tuple[CopyOp, ...] = ()
-    failed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -118,16 +96,23 @@ class Bridge:
     """hicache behind one vLLM engine's KV blocks (see module doc)."""
 
     def __init__(self, cache: HiCache, block_tokens: int, *, windows: Sequence[int] = (0,),
-                 async_lookup: bool = False):
-        """``windows``: per KV cache group, in the layout's family order, 0 for a
-        full-attention group, its window for a sliding-window one."""
+                 group_blocks: Sequence[int] | None = None, async_lookup: bool = False):
+        """``block_tokens``: the full-attention groups' block size (hicache's page).
+        ``windows``: per KV cache group, in the layout's family order, 0 for a
+        full-attention group, its window for a sliding-window one; ``group_blocks``: each
+        group's block size (default all ``block_tokens``; a window group's divides it)."""
         if cache.page_tokens != block_tokens:
             raise HiCacheError(f"hicache page_tokens {cache.page_tokens} != vLLM block_size {block_tokens}")
-        if len(windows) != len(cache.layout.families):
+        if not 0 < len(windows) <= len(cache.layout.families):
             raise HiCacheError(f"{len(windows)} KV cache groups for {len(cache.layout.families)} hicache families")
+        blocks = tuple(group_blocks) if group_blocks is not None else (block_tokens,) * len(windows)
+        if len(blocks) != len(windows) or any(b < 1 or block_tokens % b or (not w and b != block_tokens)
+                                               for w, b in zip(windows, blocks)):
+            raise HiCacheError(f"group block sizes {blocks} (windows {tuple(windows)}) do not fit page {block_tokens}")
         self.cache = cache
         self.P = block_tokens
         self.windows = tuple(windows)
+        self.groups = tuple(zip(self.windows, blocks))    # (window, block size) per KV cache group
         self.hybrid = any(self.windows)
         self.async_lookup = async_lookup
         self._held: dict[str, Lease] = {}                 # hybrid: request -> the lease its lookup took
@@ -228,8 +213,9 @@ class Bridge:
             self._pending_loads.append(self._load_op(req_id, lease, first, have, block_ids))
             self.counters["loaded_tokens"] += (have - first) * self.P
         if last > max(have, first):
-            for g, ids in enumerate(block_ids):
-                self._failed_blocks.update(int(b) for b in ids[max(have, first):last] if b)
+            lo = max(have, first)
+            for (_, block), ids in zip(self.groups, block_ids):
+                self._failed_blocks.update(int(b) for b in ids[lo * self.P // block:last * self.P // block] if b)
             self.counters["load_failed_tokens"] += (last - max(have, first)) * self.P
             req.saving = False   # this step computes on blocks vLLM will recompute: keep none of it
 
@@ -238,8 +224,8 @@ class Bridge:
         row = lease.snapshot_id
         assert not self.hybrid or row is not None, "open() loads a hybrid prefix only with its snapshot"
         snaps = ((row, have),) if row is not None and self.hybrid else ()
-        pages, blocks = group_copies(self.windows, self.P, lease.page_table, first, have, snaps, block_ids,
-                                     from_block=first)
+        pages, blocks = group_copies(self.groups, self.P, lease.page_table, first, have, snaps, block_ids,
+                                     from_page=first)
         if self.hybrid:
             self.counters["loaded_snapshots"] += 1
         return CopyOp(req_id, 0, pages, blocks)
@@ -289,7 +275,7 @@ class Bridge:
         out = []
         for pages in sorted({p for p in why if req.planned < p < upto} | {upto}):
             row = None
-            if windows_held(self.windows, pages, self.P, block_ids):
+            if windows_held(self.groups, pages, self.P, block_ids):
                 snap = self.cache.alloc_snapshot(req.lease)
                 row = int(snap.ids[0]) if snap.ok else None
             if row is not None or pages == upto:
@@ -299,7 +285,7 @@ class Bridge:
     def _save_op(self, req_id: str, sid: int, req: _Req, points: Sequence[_Point],
                  block_ids: Sequence[Sequence[int]]) -> CopyOp:
         snaps = [(p.snapshot, p.pages) for p in points if p.snapshot is not None]
-        pages, blocks = group_copies(self.windows, self.P, req.lease.page_table, req.planned, points[-1].pages,
+        pages, blocks = group_copies(self.groups, self.P, req.lease.page_table, req.planned, points[-1].pages,
                                      snaps, block_ids)
         return CopyOp(req_id, sid, pages, blocks)
 

@@ -40,10 +40,11 @@ DEFAULTS = {"host_layout": "page_first", "device_bytes": "256MiB", "device": "cp
 @dataclass(frozen=True)
 class GroupGeometry:
     """One vLLM KV cache group, as hicache needs it: ``kind`` is ``full`` or ``sliding``;
-    ``block_bytes`` is one layer's bytes of one block; ``window``: a sliding group's window
+    ``block_bytes`` is one layer's bytes of one block (``layer_bytes``: per layer, where
+    they differ -- DeepSeek-V4 groups its indexer keys with compressed KV of two ratios); ``window``: a sliding group's window
     in tokens (vLLM's ``sliding_window`` plus any ``extra_retained_tokens``); ``layer_ids``:
-    the model's layer index of each layer (empty: numbered in group order), which orders
-    hicache's per-layer loads the way the forward runs."""
+    the model's layer index of each layer (empty, or repeated within one family: numbered
+    in group order), which orders hicache's per-layer loads the way the forward runs."""
 
     kind: str
     layers: tuple[str, ...]
@@ -51,6 +52,11 @@ class GroupGeometry:
     block_bytes: int
     window: int = 0
     layer_ids: tuple[int, ...] = ()
+    layer_bytes: tuple[int, ...] = ()
+
+    def widths(self) -> tuple[int, ...]:
+        """Each layer's bytes of one block (``layer_bytes``, or ``block_bytes`` for all)."""
+        return self.layer_bytes or (self.block_bytes,) * len(self.layers)
 
 
 def family_names(groups: Sequence[GroupGeometry]) -> tuple[str, ...]:
@@ -62,43 +68,70 @@ def family_names(groups: Sequence[GroupGeometry]) -> tuple[str, ...]:
                  for i, g in enumerate(groups))
 
 
+def group_families(groups: Sequence[GroupGeometry]) -> tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]:
+    """Per group, its hicache families as (name, indices of the group's layers): one per
+    distinct block width, in the order the widths first appear; the first keeps the
+    group's name (:func:`family_names`), the next ones add ``_1``, ``_2``, ...::
+
+        group 3 (DeepSeek-V4, block 256): indexer keys 8,640 B, layer 1's c4 KV 37,440 B,
+        layer 2's c128 KV 1,728 B  ->  (kv, (0,)), (kv_1, (1,)), (kv_2, (2,))
+
+    Every family of a group moves the same units (pages, or snapshot slots) in each copy."""
+    out = []
+    for name, g in zip(family_names(groups), groups):
+        widths = g.widths()
+        order = list(dict.fromkeys(widths))
+        out.append(tuple((name if k == 0 else f"{name}_{k}", tuple(i for i, w in enumerate(widths) if w == width))
+                         for k, width in enumerate(order)))
+    return tuple(out)
+
+
 def layout_for(groups: Sequence[GroupGeometry], model: str = "") -> CacheLayout:
-    """One family per vLLM KV cache group; a page is one vLLM block. A full-attention group
-    is a history family (every layer of it, a block's bytes per page and layer); a
-    sliding-window group a state family whose snapshot keeps, per layer, the blocks of the
-    window at the boundary (:func:`~.windows.window_slots` of them). Anything else (Mamba,
-    chunked-local, MLA-specific kinds) is refused."""
+    """One family per vLLM KV cache group (per block width in it, :func:`group_families`);
+    a row is one vLLM block of one layer, a page one block of the full-attention groups
+    (their block size is hicache's page size). A full-attention group is history (one
+    block per page and layer); a sliding-window group is state, its snapshot keeping, per
+    layer, the blocks of the window at the boundary (:func:`~.windows.window_slots` of them, in the
+    group's own block size, which must divide the page: DeepSeek-V4's window KV has
+    64-token blocks, its compressor states 4 and 8, its compressed KV and indexer 256).
+    Compressed history (vLLM's ``tokens_per_state`` > 1) needs nothing more: a block's
+    bytes are what vLLM keeps for its tokens. Anything else (Mamba, chunked-local, a
+    bounded-replay window) is refused."""
     if not groups:
         raise ConfigError("kv_cache_groups", [], "vLLM reported no KV cache group")
+    full = [g for g in groups if g.kind == "full"]
+    if not full:
+        raise ConfigError("kv_cache_groups", [g.kind for g in groups],
+                          "HiCacheConnector needs at least one full-attention group (hicache's history)")
+    page = full[0].block_tokens
     families = []
-    names = family_names(groups)
+    fams = group_families(groups)
     next_id = 0
     for i, g in enumerate(groups):
         if g.kind not in ("full", "sliding"):
             raise ConfigError(f"kv_cache_groups[{i}]", g.kind,
                               "HiCacheConnector serves full-attention and sliding-window KV cache groups only")
-        if g.block_tokens != groups[0].block_tokens:
+        if g.kind == "full" and g.block_tokens != page:
             raise ConfigError(f"kv_cache_groups[{i}].block_size", g.block_tokens,
-                              f"differs from group 0's {groups[0].block_tokens}: one hicache page per vLLM block")
-        if g.block_bytes % g.block_tokens:
-            raise ConfigError(f"kv_cache_groups[{i}].page_size_bytes", g.block_bytes,
-                              f"not a multiple of the block size {g.block_tokens}")
+                              f"differs from the first full-attention group's {page}: one hicache page per block")
+        if g.block_tokens < 1 or page % g.block_tokens:
+            raise ConfigError(f"kv_cache_groups[{i}].block_size", g.block_tokens,
+                              f"does not divide the full-attention block size {page}")
         layer_ids = g.layer_ids or tuple(range(next_id, next_id + len(g.layers)))
         if len(layer_ids) != len(g.layers):
             raise ConfigError(f"kv_cache_groups[{i}].layer_ids", list(layer_ids), f"one per layer of {len(g.layers)}")
         next_id += len(g.layers)
-        row_bytes = g.block_bytes // g.block_tokens
-        if g.kind == "full":
-            families.append(FamilySpec(name=names[i], kind="history", layer_ids=layer_ids, tokens_per_row=1,
-                                       row_bytes=row_bytes))
-        else:
-            slots = window_slots(g.window, g.block_tokens)
-            families.append(FamilySpec(name=names[i], kind="state", layer_ids=layer_ids, tokens_per_row=1,
-                                       row_bytes=row_bytes, rows_kept=slots * g.block_tokens))
-    if not any(g.kind == "full" for g in groups):
-        raise ConfigError("kv_cache_groups", [g.kind for g in groups],
-                          "HiCacheConnector needs at least one full-attention group (hicache's history)")
-    return CacheLayout(families=tuple(families), page_tokens=groups[0].block_tokens, model=model)
+        if len(g.widths()) != len(g.layers):
+            raise ConfigError(f"kv_cache_groups[{i}].layer_bytes", list(g.layer_bytes), f"one per layer of {len(g.layers)}")
+        for name, idx in fams[i]:
+            width = g.widths()[idx[0]]
+            ids = tuple(layer_ids[j] for j in idx)
+            if len(set(ids)) != len(ids):        # two caches of one model layer in one family
+                ids = tuple(next_id - len(g.layers) + j for j in idx)
+            families.append(FamilySpec(name=name, kind="history" if g.kind == "full" else "state", layer_ids=ids,
+                                       tokens_per_row=g.block_tokens, row_bytes=width,
+                                       rows_kept=window_slots(g.window, g.block_tokens) if g.kind == "sliding" else 0))
+    return CacheLayout(families=tuple(families), page_tokens=page, model=model)
 
 
 def connector_config(extra: Mapping[str, Any] | None, *, model: str) -> tuple[HiCacheConfig, dict[str, Any]]:

@@ -20,8 +20,11 @@ It declares ``SupportsHMA``: vLLM keeps its hybrid KV cache manager, one KV cach
 per attention kind. Full-attention groups are hicache history families (pages, as above);
 a sliding-window group is a hicache state family whose snapshot per boundary is the
 window's blocks there (:mod:`~.windows`), saved from and loaded into the window blocks
-vLLM holds for the request, one batched copy per layer like the pages. Group kinds that
-are neither (Mamba, chunked-local, R-SWA, sliding MLA) are refused at start.
+vLLM holds for the request, one batched copy per layer like the pages. Groups may have
+different block sizes (DeepSeek-V4: window KV 64 tokens, compressor states 4 and 8,
+compressed KV and indexer 256): hicache's page is the full-attention groups' block, a
+window group's blocks divide it. Group kinds that are neither (Mamba, chunked-local,
+R-SWA, a bounded-replay sliding MLA) are refused at start.
 
 Both sides share one :class:`~.bridge.Bridge` per engine (keyed by vLLM's engine id):
 with one worker (tensor and pipeline parallel size 1) vLLM runs the scheduler and the
@@ -41,7 +44,8 @@ try:
                                                                    KVConnectorRole, SupportsHMA)
     from vllm.model_executor.models.utils import extract_layer_index
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, SlidingWindowSpec
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, MLAAttentionSpec, SlidingWindowMLASpec,
+                                              SlidingWindowSpec)
 except ImportError as exc:  # this module is what vLLM loads; hicache itself never imports it
     raise ImportError(f"hicache.integrations.vllm.connector needs vLLM with KVConnectorBase_V1 (vllm>=0.32): "
                       f"{exc}") from exc
@@ -49,8 +53,9 @@ except ImportError as exc:  # this module is what vLLM loads; hicache itself nev
 from hicache.cache import HiCache
 from hicache.errors import ConfigError
 from hicache.integrations.vllm.blocks import BlockCopier
-from hicache.integrations.vllm.bridge import Bridge, StepPlan
-from hicache.integrations.vllm.config import GroupGeometry, connector_config, family_names, layout_for
+from hicache.integrations.vllm.bridge import Bridge
+from hicache.integrations.vllm.plan import StepPlan
+from hicache.integrations.vllm.config import GroupGeometry, connector_config, group_families, layout_for
 from hicache.integrations.vllm.windows import window_slots
 
 if TYPE_CHECKING:
@@ -58,7 +63,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
-_BRIDGES: dict[str, list] = {}   # engine id -> [Bridge, sides holding it]
+_BRIDGES: dict[str, list] = {}   # engine id -> [Bridge, sides holding it, its groups]
 
 
 def bridge_for(engine_id: str) -> Optional[Bridge]:
@@ -68,27 +73,55 @@ def bridge_for(engine_id: str) -> Optional[Bridge]:
         return entry[0] if entry else None
 
 
+def _kind(spec: Any) -> str:
+    """``full``, ``sliding`` or the spec's class name (refused by ``layout_for``)."""
+    # exact types: a subclass that keeps other blocks (RSWASpec a middle gap) is refused
+    # by name rather than copied as if it did not. Sliding MLA (DeepSeek-V4's window KV
+    # and compressor states) runs under vLLM's own SlidingWindowManager, so it keeps the
+    # same window -- unless it replays a bounded prefix instead of caching one.
+    if type(spec) is SlidingWindowSpec or (type(spec) is SlidingWindowMLASpec
+                                           and not getattr(spec, "bounded_replay", False)):
+        return "sliding"
+    return "full" if type(spec) in (FullAttentionSpec, MLAAttentionSpec) else type(spec).__name__
+
+
 def _geometry(kv_cache_config: Any) -> list[GroupGeometry]:
     out = []
-    for g in kv_cache_config.kv_cache_groups:
+    for i, g in enumerate(kv_cache_config.kv_cache_groups):
         spec = g.kv_cache_spec
-        # exact types: vLLM's subclasses free other blocks (RSWASpec a middle gap, sliding MLA
-        # compressor state) and are refused by name rather than copied as if they did not
-        sliding = type(spec) is SlidingWindowSpec
-        kind = ("sliding" if sliding else "full" if type(spec) in (FullAttentionSpec, MLAAttentionSpec)
-                else type(spec).__name__)
-        window = spec.sliding_window + getattr(spec, "extra_retained_tokens", 0) if sliding else 0
+        # a group of layers of one kind but different shapes (DeepSeek-V4's compressed KV
+        # and indexer) comes as UniformTypeKVCacheSpecs: one spec per layer
+        per_layer = getattr(spec, "kv_cache_specs", None) or {name: spec for name in g.layer_names}
+        layer_specs = [per_layer.get(name, spec) for name in g.layer_names]
+        kinds = {_kind(s) for s in layer_specs}
+        if len(kinds) != 1 or len({s.block_size for s in layer_specs}) != 1:
+            raise ConfigError(f"kv_cache_groups[{i}]", sorted(kinds),
+                              "HiCacheConnector needs one attention kind and one block size per group")
+        first = layer_specs[0]
+        kind = kinds.pop()
+        if kind == "sliding" and len({(s.sliding_window, getattr(s, "extra_retained_tokens", 0))
+                                      for s in layer_specs}) != 1:
+            raise ConfigError(f"kv_cache_groups[{i}].sliding_window", [s.sliding_window for s in layer_specs],
+                              "HiCacheConnector needs one window per group")
+        window = first.sliding_window + getattr(first, "extra_retained_tokens", 0) if kind == "sliding" else 0
         try:
             ids = tuple(extract_layer_index(name) for name in g.layer_names)
         except (AssertionError, ValueError):   # a name without one index: numbered in group order
             ids = ()
-        if len(set(ids)) != len(ids):
-            ids = ()
-        out.append(GroupGeometry(kind, tuple(g.layer_names), spec.block_size, spec.page_size_bytes, window, ids))
+        # the bytes a block holds, not the padding vLLM aligns pages to (V4: 37,376 of 37,440)
+        widths = tuple(getattr(s, "real_page_size_bytes", s.page_size_bytes) for s in layer_specs)
+        out.append(GroupGeometry(kind, tuple(g.layer_names), spec.block_size, widths[0], window, ids,
+                                 widths if len(set(widths)) > 1 else ()))
     return out
 
 
-def _acquire(vllm_config: Any, kv_cache_config: Any) -> tuple[str, Bridge]:
+def _acquire(vllm_config: Any, kv_cache_config: Any) -> tuple[str, Bridge, list[GroupGeometry]]:
+    """The engine's bridge and the groups it was built from, made by the first side to ask.
+    Both sides use those groups: vLLM gives the worker's connector one spec per layer
+    (``UniformTypeKVCacheSpecs``) but the scheduler's a merged spec per group, whose one
+    block width is the first layer's (DeepSeek-V4's indexer keys for all three caches of
+    its compressed group). The worker's side comes first in vLLM 0.32; were the scheduler's
+    first, the worker's copiers would refuse the widths at start (one line), not copy."""
     engine_id = vllm_config.kv_transfer_config.engine_id
     with _LOCK:
         entry = _BRIDGES.get(engine_id)
@@ -97,10 +130,11 @@ def _acquire(vllm_config: Any, kv_cache_config: Any) -> tuple[str, Bridge]:
             groups = _geometry(kv_cache_config)
             layout = layout_for(groups, model=str(vllm_config.model_config.model))
             cfg, opts = connector_config(vllm_config.kv_transfer_config.kv_connector_extra_config, model=model)
-            entry = _BRIDGES[engine_id] = [Bridge(HiCache(layout, cfg), groups[0].block_tokens,
-                                                  windows=[g.window for g in groups], **opts), 0]
+            entry = _BRIDGES[engine_id] = [Bridge(HiCache(layout, cfg), layout.page_tokens,
+                                                  windows=[g.window for g in groups],
+                                                  group_blocks=[g.block_tokens for g in groups], **opts), 0, groups]
         entry[1] += 1
-        return engine_id, entry[0]
+        return engine_id, entry[0], entry[2]
 
 
 def _drop(engine_id: str) -> None:
@@ -194,11 +228,11 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if par.world_size > 1:
             raise ConfigError("parallel_config.world_size", par.world_size,
                               "HiCacheConnector serves one worker (tensor and pipeline parallel size 1)")
-        self._engine_id, self.bridge = _acquire(vllm_config, kv_cache_config)
-        self._groups = _geometry(kv_cache_config)
-        self._copiers: list[BlockCopier] = []
-        self._copier: Optional[BlockCopier] = None     # group 0's (tests patch it)
-        self._where: dict[str, tuple[int, int, int]] = {}   # layer name -> (group, index in it, model layer id)
+        self._engine_id, self.bridge, self._groups = _acquire(vllm_config, kv_cache_config)
+        self._copiers: list[BlockCopier] = []          # one per hicache family
+        self._copier_group: list[int] = []             # the KV cache group of each
+        self._copier: Optional[BlockCopier] = None     # the first family's (tests patch it)
+        self._where: dict[str, tuple[int, int, int, int]] = {}   # layer -> (group, copier, index in it, layer id)
         self._failed: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._saved_layers: dict[int, int] = {}
@@ -210,12 +244,15 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
         layout = self.bridge.cache.layout
         view = self.bridge.cache.pools.device.view
-        for g, (geom, name) in enumerate(zip(self._groups, family_names(self._groups))):
-            fam = layout.family(name)
+        for g, (geom, fams) in enumerate(zip(self._groups, group_families(self._groups))):
             slots = window_slots(geom.window, geom.block_tokens) if geom.kind == "sliding" else 1
-            self._copiers.append(BlockCopier(kv_caches, geom.layers, view(name), slots))
-            for i, layer in enumerate(geom.layers):
-                self._where[layer] = (g, i, fam.layer_ids[i])
+            for name, idx in fams:
+                layers = [geom.layers[i] for i in idx]
+                fam = layout.family(name)
+                for j, layer in enumerate(layers):
+                    self._where[layer] = (g, len(self._copiers), j, fam.layer_ids[j])
+                self._copiers.append(BlockCopier(kv_caches, layers, view(name), slots))
+                self._copier_group.append(g)
         self._copier = self._copiers[0]
 
     def _plan(self) -> StepPlan:
@@ -234,7 +271,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         where = self._where.get(layer_name)
         if not plan.loads or where is None:
             return
-        g, layer, model_layer = where
+        g, c, layer, model_layer = where
         pages: list[int] = []
         blocks: list[int] = []
         for op in plan.loads:
@@ -244,17 +281,17 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 continue
             pages.extend(op.pages[g])
             blocks.extend(op.blocks[g])
-        self._copiers[g].load(layer, pages, blocks)
+        self._copiers[c].load(layer, pages, blocks)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
         plan = self._plan()
         where = self._where.get(layer_name)
         if not plan.saves or where is None:
             return
-        g, layer, _ = where
+        g, c, layer, _ = where
         pages = [p for op in plan.saves for p in op.pages[g]]
         blocks = [b for op in plan.saves for b in op.blocks[g]]
-        self._copiers[g].save(layer, pages, blocks, kv_layer)
+        self._copiers[c].save(layer, pages, blocks, kv_layer)
         for op in plan.saves:
             self._saved_layers[op.key] = self._saved_layers.get(op.key, 0) + 1
 

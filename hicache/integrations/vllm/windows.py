@@ -63,38 +63,47 @@ def window_plan(row: int, resume: int, window: int, block_tokens: int, block_ids
     return units, blocks
 
 
-def windows_held(windows: Sequence[int], pages: int, block_tokens: int,
+def windows_held(groups: Sequence[tuple[int, int]], pages: int, page_tokens: int,
                  block_ids: Sequence[Sequence[int]]) -> bool:
-    """Every window block at ``pages`` (per sliding-window group: ``windows[g]`` > 0) is a
-    real block: vLLM's null block (id 0) marks one it freed."""
-    for window, ids in zip(windows, block_ids):
+    """Every window block at ``pages`` pages is a real block: per KV cache group ``(window,
+    block size)``, a sliding-window one (window > 0) in its own block size. vLLM's null
+    block (id 0) marks one it freed."""
+    for (window, block), ids in zip(groups, block_ids):
         if window:
-            first, last = window_span(pages * block_tokens, window, block_tokens)
+            first, last = window_span(pages * page_tokens, window, block)
             if last > len(ids) or not all(int(b) for b in ids[first:last]):
                 return False
     return True
 
 
-def group_copies(windows: Sequence[int], block_tokens: int, page_ids: Sequence[int], first: int, upto: int,
-                 snapshots: Iterable[tuple[int, int]], block_ids: Sequence[Sequence[int]],
-                 from_block: int = 0) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
-    """Per KV cache group, the (pool units, vLLM blocks) of one request's copy: a
-    full-attention group its pages ``[first, upto)`` (``page_ids``, the lease's page table)
-    and blocks, a sliding-window group every ``(snapshot row, boundary pages)`` in
-    ``snapshots`` as :func:`window_plan` slots and window blocks (``from_block``: blocks
-    below it left out, as on a load the ones vLLM's own prefix cache filled)."""
+def group_copies(groups: Sequence[tuple[int, int]], page_tokens: int, page_ids: Sequence[int], first: int,
+                 upto: int, snapshots: Iterable[tuple[int, int]], block_ids: Sequence[Sequence[int]],
+                 from_page: int = 0) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Per KV cache group ``(window, block size)``, the (pool units, vLLM blocks) of one
+    request's copy: a full-attention group (window 0, one block per page) its pages
+    ``[first, upto)`` (``page_ids``, the lease's page table) and blocks, a sliding-window
+    group every ``(snapshot row, boundary pages)`` in ``snapshots`` as :func:`window_plan`
+    slots and window blocks in the group's own block size (blocks below ``from_page``
+    pages left out, as on a load the ones vLLM's own prefix cache filled)::
+
+        page 256 tokens, a window group of 64-token blocks, W = 128, boundary 2 pages:
+        tokens 0 ........ 256 ........ 512
+        pages  [   p0    ][    p1     ]          history: p0, p1 <-> blocks 0, 1
+        blocks [b0|b1|b2|b3|b4|b5|b6|b7]         window at 512: b6, b7 -> slots 0, 1
+    """
     pages: list[tuple[int, ...]] = []
     blocks: list[tuple[int, ...]] = []
     snaps = tuple(snapshots)
-    for window, ids in zip(windows, block_ids):
+    for (window, block), ids in zip(groups, block_ids):
         if not window:
+            assert block == page_tokens, (block, page_tokens)
             pages.append(tuple(int(p) for p in page_ids[first:upto]))
             blocks.append(tuple(int(b) for b in ids[first:upto]))
             continue
         units: list[int] = []
         wblocks: list[int] = []
         for row, at in snaps:
-            u, b = window_plan(row, at * block_tokens, window, block_tokens, ids, from_block=from_block)
+            u, b = window_plan(row, at * page_tokens, window, block, ids, from_block=from_page * page_tokens // block)
             units.extend(u)
             wblocks.extend(b)
         pages.append(tuple(units))

@@ -33,7 +33,7 @@ def zeroed_window_loads():
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     conn = get_kv_transfer_group()
-    (copier,) = [c for c, g in zip(conn._copiers, conn._groups) if g.kind == "sliding"]
+    (copier,) = [c for c, g in zip(conn._copiers, conn._copier_group) if conn._groups[g].kind == "sliding"]
     real_load = copier.load
 
     def zeroing_load(layer, pages, blocks):
