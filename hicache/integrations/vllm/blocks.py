@@ -30,7 +30,10 @@ def block_rows(kv: torch.Tensor, num_blocks: int | None = None) -> torch.Tensor:
         rows = kv.view(kv.shape[0], -1)      # raises where a block's bytes are not one run
         if rows.shape[1] > 1 and rows.stride(1) != 1:
             raise RuntimeError("strided block")
-        return rows.view(torch.uint8)
+        rows = rows.view(torch.uint8)
+        if rows.shape[0] > 1 and rows.stride(0) < rows.shape[1]:
+            raise RuntimeError("overlapping blocks")
+        return rows
     except RuntimeError:
         raise ConfigError("kv_cache.layout", tuple(kv.stride()),
                           "HiCacheConnector needs each block of a layer's KV cache contiguous, blocks first") from None
@@ -46,10 +49,11 @@ class BlockCopier:
     (``slots`` per row: unit ``u`` is slot ``u % slots`` of row ``u // slots``)."""
 
     def __init__(self, kv_caches: Mapping[str, torch.Tensor], layer_names: Sequence[str], pool: torch.Tensor,
-                 slots: int = 1):
-        """``pool``: hicache's ``pools.device.view(family)``, ``[layers, ids, unit_bytes]``."""
+                 slots: int = 1, num_blocks: int | None = None):
+        """``pool``: hicache's ``pools.device.view(family)``, ``[layers, ids, unit_bytes]``;
+        ``num_blocks``: vLLM's block count, which every cache's first dimension must be."""
         self.layer_of = {name: i for i, name in enumerate(layer_names)}
-        self.rows = [block_rows(kv_caches[name]) for name in layer_names]
+        self.rows = [block_rows(kv_caches[name], num_blocks) for name in layer_names]
         self.slots = slots
         width = self.rows[0].shape[1]
         if (any(r.shape[1] != width for r in self.rows) or pool.shape[-1] != width * slots

@@ -73,8 +73,8 @@ def group_families(groups: Sequence[GroupGeometry]) -> tuple[tuple[tuple[str, tu
     distinct block width, in the order the widths first appear; the first keeps the
     group's name (:func:`family_names`), the next ones add ``_1``, ``_2``, ...::
 
-        group 3 (DeepSeek-V4, block 256): indexer keys 8,640 B, layer 1's c4 KV 37,440 B,
-        layer 2's c128 KV 1,728 B  ->  (kv, (0,)), (kv_1, (1,)), (kv_2, (2,))
+        group 3 (DeepSeek-V4, block 256): indexer keys 8,448 B, layer 1's c4 KV 37,376 B,
+        layer 2's c128 KV 1,168 B  ->  (kv, (0,)), (kv_1, (1,)), (kv_2, (2,))
 
     Every family of a group moves the same units (pages, or snapshot slots) in each copy."""
     out = []

@@ -115,6 +115,21 @@ def _geometry(kv_cache_config: Any) -> list[GroupGeometry]:
     return out
 
 
+def _hooked_layers(vllm_config: Any, names: Any) -> set[str]:
+    """The layers vLLM wraps with the connector's per-layer hooks: its ``Attention`` and
+    ``MLAAttention`` modules, whose forward functions carry ``maybe_transfer_kv_layer``.
+    DeepSeek-V4's caches (window, compressor, indexer) and its CPU attention are modules of
+    their own that never call them; an unknown module counts as unhooked (copied at the
+    step's ends: always right, only not overlapped with the forward)."""
+    try:
+        from vllm.model_executor.layers.attention.attention import Attention
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    except ImportError:
+        return set()
+    ctx = getattr(vllm_config.compilation_config, "static_forward_context", {}) or {}
+    return {name for name in names if isinstance(ctx.get(name), (Attention, MLAAttention))}
+
+
 def _acquire(vllm_config: Any, kv_cache_config: Any) -> tuple[str, Bridge, list[GroupGeometry]]:
     """The engine's bridge and the groups it was built from, made by the first side to ask.
     Both sides use those groups: vLLM gives the worker's connector one spec per layer
@@ -233,17 +248,23 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self._copier_group: list[int] = []             # the KV cache group of each
         self._copier: Optional[BlockCopier] = None     # the first family's (tests patch it)
         self._where: dict[str, tuple[int, int, int, int]] = {}   # layer -> (group, copier, index in it, layer id)
+        self._bulk: tuple[str, ...] = ()                # layers without vLLM's per-layer hooks
         self._failed: set[int] = set()
         self._failed_reqs: set[str] = set()
-        self._saved_layers: dict[int, int] = {}
+        self._saved_now: set[str] = set()               # layers saved this step
         self._live: dict[str, Any] = {}   # scheduler: running requests (vLLM's objects, live)
         self._asked: dict[str, int] = {}  # scheduler: the local hit each lookup was asked past
         self._closed = False
 
     # -- worker side ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        """One copier per hicache family over vLLM's caches (each checked: blocks first, one
+        run of bytes per block, vLLM's block count). Layers vLLM does not wrap with the
+        connector's per-layer hooks (:func:`_hooked_layers`) are copied at the step's start
+        (loads) and end (saves) instead."""
         layout = self.bridge.cache.layout
         view = self.bridge.cache.pools.device.view
+        num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
         for g, (geom, fams) in enumerate(zip(self._groups, group_families(self._groups))):
             slots = window_slots(geom.window, geom.block_tokens) if geom.kind == "sliding" else 1
             for name, idx in fams:
@@ -251,9 +272,14 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
                 fam = layout.family(name)
                 for j, layer in enumerate(layers):
                     self._where[layer] = (g, len(self._copiers), j, fam.layer_ids[j])
-                self._copiers.append(BlockCopier(kv_caches, layers, view(name), slots))
+                self._copiers.append(BlockCopier(kv_caches, layers, view(name), slots, num_blocks=num_blocks))
                 self._copier_group.append(g)
         self._copier = self._copiers[0]
+        hooked = _hooked_layers(self._vllm_config, self._where)
+        self._bulk = tuple(name for name in self._where if name not in hooked)
+        if self._bulk:
+            log.info("hicache vLLM connector: %d of %d KV cache layers have no per-layer hooks in vLLM "
+                     "(copied at each step's start and end)", len(self._bulk), len(self._where))
 
     def _plan(self) -> StepPlan:
         meta = self._get_connector_metadata()
@@ -261,12 +287,20 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return meta.plan
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Nothing to start: the scheduler's lease already queued hicache's host->pool
-        copies; each layer is copied into vLLM's blocks when its attention asks for it."""
+        """The scheduler's lease already queued hicache's host->pool copies; each hooked
+        layer is copied into vLLM's blocks when its attention asks for it
+        (``wait_for_layer_load``), every other layer here, before the forward."""
         self._failed_reqs = set()
+        self._saved_now = set()
         self._failed.update(self._plan().failed)
+        for name in self._bulk:
+            self._load_layer(name)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        if layer_name not in self._bulk:
+            self._load_layer(layer_name)
+
+    def _load_layer(self, layer_name: str) -> None:
         plan = self._plan()
         where = self._where.get(layer_name)
         if not plan.loads or where is None:
@@ -284,26 +318,29 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self._copiers[c].load(layer, pages, blocks)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: Any, **kwargs: Any) -> None:
+        self._save_layer(layer_name, kv_layer)
+
+    def _save_layer(self, layer_name: str, kv_layer: Optional["torch.Tensor"]) -> None:
         plan = self._plan()
         where = self._where.get(layer_name)
-        if not plan.saves or where is None:
+        if not plan.saves or where is None or layer_name in self._saved_now:
             return
         g, c, layer, _ = where
         pages = [p for op in plan.saves for p in op.pages[g]]
         blocks = [b for op in plan.saves for b in op.blocks[g]]
         self._copiers[c].save(layer, pages, blocks, kv_layer)
-        for op in plan.saves:
-            self._saved_layers[op.key] = self._saved_layers.get(op.key, 0) + 1
+        self._saved_now.add(layer_name)
 
     def wait_for_save(self) -> None:
-        """The copies ran synchronously in ``save_kv_layer``; a save is good when every layer
-        of every group was copied and its request's loads did not fail this step."""
+        """Every layer not saved by ``save_kv_layer`` this step (no hooks, or attention
+        skipped) is saved here from its registered cache: vLLM still holds the blocks.
+        The copies are synchronous, so a save is good unless its request's loads failed."""
         if not self.has_connector_metadata():
             return
-        plan = self._plan()
-        n = len(self._where)
-        self.bridge.report_saves([(op.key, self._saved_layers.pop(op.key, 0) == n and op.req not in self._failed_reqs)
-                                  for op in plan.saves])
+        for name in self._where:
+            self._save_layer(name, None)
+        self._saved_now = set()
+        self.bridge.report_saves([(op.key, op.req not in self._failed_reqs) for op in self._plan().saves])
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose load failed: vLLM recomputes them. With several KV cache groups vLLM

@@ -1,8 +1,10 @@
 """Where a sliding-window group's KV lives at a resume point, in vLLM's block tables (no
 vLLM import).
 
-vLLM's hybrid KV cache manager gives a sliding-window group (window ``W``) a block table
-as long as the full-attention groups' but frees the blocks no token will attend to again:
+vLLM's hybrid KV cache manager gives a sliding-window group (window ``W``, block size
+``B``, which may be smaller than the full-attention groups': DeepSeek-V4's are 4 to 64
+tokens against 256) a block table of ``ceil(tokens / B)`` entries but frees the blocks no
+token will attend to again:
 once ``r`` tokens are computed, the next token attends to ``[r - W + 1, r]``, so the
 ``(r - W + 1) // B`` leading blocks are skipped (null blocks in the table; vLLM's
 ``SlidingWindowManager.get_num_skipped_tokens``). A request resumed at ``r`` (a multiple

@@ -61,6 +61,9 @@ def test_sliding_window_model_resumes_from_a_window_snapshot(tmp_path):
     assert not llm.llm_engine.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager, \
         "vLLM turned its hybrid manager off: the connector should declare SupportsHMA"
     b = bridge(llm)
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    assert get_kv_transfer_group()._bulk == ()   # every layer copied through vLLM's per-layer hooks
     kinds = sorted(f.kind for f in b.cache.layout.families)
     assert kinds == ["history", "state"], b.cache.layout.summary()
     first, _ = generate(llm, prompts)

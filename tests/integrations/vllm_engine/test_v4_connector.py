@@ -7,7 +7,10 @@ widths) and two compressor-state groups (``SlidingWindowMLASpec``, 4- and 8-toke
 windows 8 and 128). The connector makes the compressed KV and indexer hicache history and
 every window group state at the resume point.
 
-* Here (an AVX2 CPU): the engine starts with the connector once V4's one load-time op
+* Here (an AVX2 CPU): V4's caches are modules vLLM never calls the connector's per-layer
+  hooks for, so the connector copies them at each step's start and end; that path serves
+  the tiny sliding-window Llama with every layer treated so, identical outputs.
+* Here: the engine starts with the connector once V4's one load-time op
   missing from vLLM's AVX2 build (``convert_weight_packed``, a weight repacking) has a
   pure-torch stand-in; the groups vLLM makes are exactly the geometry the no-vLLM tests
   use (``tests/integrations/test_vllm_v4_groups.py``), and the worker's copiers move each
@@ -65,13 +68,20 @@ def test_v4_groups_are_the_geometry_hicache_maps_and_copies_touch_only_their_byt
     import torch
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
+    from hicache.integrations.vllm.connector import _geometry
     from tests.integrations.test_vllm_v4_groups import V4
 
     _stand_in_weight_packing()
     llm = start(make_tiny_v4(tmp_path / "tiny-v4"), "memory://vllm-v4-groups", engine=ENGINE)
     conn = get_kv_transfer_group()                           # the worker's side
-    scheduler_side = llm.llm_engine.engine_core.engine_core.scheduler.connector
-    assert conn._groups == V4 and scheduler_side._groups == V4
+    assert conn._groups == V4
+    # the scheduler's own config merges each group's specs (one width: the first layer's)
+    # but agrees on everything else; both sides use the worker's groups
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    shape = [(g.kind, g.layers, g.block_tokens, g.window, g.layer_ids) for g in _geometry(scheduler.kv_cache_config)]
+    assert shape == [(g.kind, g.layers, g.block_tokens, g.window, g.layer_ids) for g in V4]
+    assert scheduler.connector._groups is conn._groups
+    assert set(conn._bulk) == set(conn._where)   # V4's caches are modules without vLLM's per-layer hooks
     b = bridge(llm)
     assert [f.name for f in b.cache.layout.families] == ["swa0", "swa1", "swa2", "kv", "kv_1", "kv_2",
                                                          "swa4", "swa4_1", "swa5"]
@@ -153,16 +163,16 @@ def test_v4_identical_outputs_with_every_family_offloaded(tmp_path):
     assert {f.kind for f in b.cache.layout.families} == {"history", "state"}
     first, _, _ = generate(llm, prompts)
     assert first == expected
-    assert llm.reset_prefix_cache()
+    llm.reset_prefix_cache()         # (vLLM keeps no prefix cache for V4 on a CPU without AMX)
     again, logprobs, cached = generate(llm, prompts)
     assert again == expected and cached == resumed, (again, cached)
     s = b.stats()
     assert s["loaded_tokens"] == sum(cached) and s["loaded_snapshots"] == len(LENGTHS), s
     assert s["load_failed_tokens"] == 0 and s["save_failures"] == 0, s
-    assert llm.reset_prefix_cache()
+    llm.reset_prefix_cache()
     same, same_logprobs, _ = generate(llm, prompts)          # the same schedule again: bit for bit
     assert same == again and same_logprobs == logprobs
-    assert llm.reset_prefix_cache()
+    llm.reset_prefix_cache()
     with zeroed_loads():
         _, bad_logprobs, cached = generate(llm, prompts)
     assert cached == resumed and bad_logprobs != logprobs
@@ -174,4 +184,41 @@ def test_v4_identical_outputs_with_every_family_offloaded(tmp_path):
     assert outs == expected and cached == resumed, cached
     s = b.stats()
     assert s["cache_l3_hit_tokens"] == sum(cached) and s["loaded_snapshots"] == len(LENGTHS), s
+    stop(llm)
+
+
+def test_layers_without_per_layer_hooks_are_copied_at_each_steps_ends(tmp_path, monkeypatch):
+    """The path V4's layers take (no ``wait_for_layer_load`` / ``save_kv_layer`` from vLLM:
+    loads in ``start_load_kv``, saves in ``wait_for_save``), forced for every layer of the
+    tiny sliding-window Llama: pages and windows resume from hicache, same outputs, and
+    zeroing what was loaded changes them."""
+    import hicache.integrations.vllm.connector as connector
+
+    from .test_connector_engine import generate as generate_tokens
+    from .test_connector_swa import LENGTHS as SWA_LENGTHS, WINDOW, zeroed_window_loads
+    from .tiny_llama import VOCAB, make_tiny_llama
+
+    model = make_tiny_llama(tmp_path / "tiny-swa", sliding_window=WINDOW, seed=1)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(3, VOCAB) for _ in range(n)] for n in SWA_LENGTHS]
+    ref = start(model, None)
+    expected, _ = generate_tokens(ref, prompts)
+    stop(ref)
+    monkeypatch.setattr(connector, "_hooked_layers", lambda *a: set())
+    llm = start(model, "memory://vllm-unhooked")
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    assert set(get_kv_transfer_group()._bulk) == set(get_kv_transfer_group()._where)
+    b = bridge(llm)
+    assert generate_tokens(llm, prompts)[0] == expected
+    assert llm.reset_prefix_cache()
+    outs, cached = generate_tokens(llm, prompts)
+    assert outs == expected and cached == [(n - 1) // 128 * 128 for n in SWA_LENGTHS], cached
+    s = b.stats()
+    assert s["loaded_tokens"] == sum(cached) and s["loaded_snapshots"] == len(SWA_LENGTHS), s
+    assert s["save_failures"] == 0 and s["published_snapshots"] >= len(SWA_LENGTHS), s
+    assert llm.reset_prefix_cache()
+    with zeroed_window_loads():
+        bad, cached = generate_tokens(llm, prompts)
+    assert sum(cached) > 0 and bad != expected, (cached, bad)
     stop(llm)
