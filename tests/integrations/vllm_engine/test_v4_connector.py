@@ -59,6 +59,10 @@ def _why_v4_cannot_run() -> str | None:
     missing = [op for op in V4_ATTENTION_OPS if not hasattr(torch.ops._C, op)]
     if missing:
         return f"vLLM's CPU build here lacks DeepSeek-V4's ops {missing} (AVX-512 BF16 build only)"
+    if not torch.cpu._is_amx_tile_supported():
+        # vllm/platforms/cpu.py: without AMX, V4 runs with prefix caching and chunked
+        # prefill off, whole prompts only -- no prefill past a loaded prefix
+        return "vLLM resumes DeepSeek-V4 from a cached prefix on CPU only with AMX"
     if not HAS_TRITON:
         return "V4's attention metadata needs Triton with a CPU backend (triton-cpu)"
     return None
