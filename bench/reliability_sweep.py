@@ -46,7 +46,7 @@ def draw(rng: random.Random, ops: int) -> list[str]:
     args = ["--config", layout, "--ops", str(ops), "--seed", str(rng.randrange(1 << 31)),
             "--write-policy", policy, "--host-tier", tier,
             "--eviction", rng.choice(["lru", "lfu", "value", "reuse", "reuse-prompt", "reuse-prompt-late",
-                                      "adaptive", "adaptive"]),
+                                      "probation", "adaptive", "adaptive"]),
             "--max-queued-ops", str(queue), "--max-running", str(rng.randint(1, 4)),
             "--device-pages", str(device), "--host-pages", str(rng.randint(4, 48)),
             "--prefetch", str(rng.choice([0.0, 0.3, 0.6, 0.9])),
