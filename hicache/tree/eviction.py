@@ -156,8 +156,9 @@ class Ranked:
                              that was reused. Admission by rank (segmented LRU): on traffic
                              where most chains are used once (production), what never
                              came back goes before what did; on chat it drops each new
-                             turn before its first reuse, so it is never a default, only a
-                             candidate the selector may follow (``probation``, opt-in)
+                             turn before its first reuse, so it is never a fixed default,
+                             only a candidate the selector follows where its ghost leads
+                             (``probation``, among the default candidates)
 
     With every switch off it ranks exactly as :class:`LRU` does. Which candidate suits the
     traffic is not decided here: :class:`~hicache.tree.selector.PolicySelector` runs each
@@ -243,7 +244,7 @@ CANDIDATES: dict[str, dict[str, bool]] = {
     "reuse": {"superseded_first": True, "forks_last": True, "refresh_forks": True},
     "reuse-prompt": {"superseded_first": True, "idle_tails_first": True},
     "reuse-prompt-late": {"superseded_first": True, "passed_only": True, "idle_tails_first": True},
-    # opt-in (not in the default adaptive_candidates): reuse-prompt plus admission by rank
+    # reuse-prompt plus admission by rank (a default candidate of adaptive, not a fixed default)
     "probation": {"superseded_first": True, "idle_tails_first": True, "probation": True},
 }
 

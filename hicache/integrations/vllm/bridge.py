@@ -111,9 +111,8 @@ class Bridge:
             raise HiCacheError(f"group block sizes {blocks} (windows {tuple(windows)}) do not fit page {block_tokens}")
         self.cache = cache
         self.P = block_tokens
-        self.windows = tuple(windows)
-        self.groups = tuple(zip(self.windows, blocks))    # (window, block size) per KV cache group
-        self.hybrid = any(self.windows)
+        self.groups = tuple(zip(windows, blocks))    # (window, block size) per KV cache group
+        self.hybrid = any(windows)
         self.async_lookup = async_lookup
         self._held: dict[str, Lease] = {}                 # hybrid: request -> the lease its lookup took
         self._prefetching: dict[str, Prefetch] = {}       # request -> its L3 lookup in flight

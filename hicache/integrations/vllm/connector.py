@@ -56,7 +56,6 @@ from hicache.integrations.vllm.blocks import BlockCopier
 from hicache.integrations.vllm.bridge import Bridge
 from hicache.integrations.vllm.plan import StepPlan
 from hicache.integrations.vllm.config import GroupGeometry, connector_config, group_families, layout_for
-from hicache.integrations.vllm.windows import window_slots
 
 if TYPE_CHECKING:
     import torch
@@ -252,6 +251,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._saved_now: set[str] = set()               # layers saved this step
+        self._save_units: dict[int, tuple[list[int], list[int]]] = {}   # this step's (pages, blocks) per group
         self._live: dict[str, Any] = {}   # scheduler: running requests (vLLM's objects, live)
         self._asked: dict[str, int] = {}  # scheduler: the local hit each lookup was asked past
         self._closed = False
@@ -266,12 +266,12 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         view = self.bridge.cache.pools.device.view
         num_blocks = getattr(self._kv_cache_config, "num_blocks", None)
         for g, (geom, fams) in enumerate(zip(self._groups, group_families(self._groups))):
-            slots = window_slots(geom.window, geom.block_tokens) if geom.kind == "sliding" else 1
             for name, idx in fams:
                 layers = [geom.layers[i] for i in idx]
                 fam = layout.family(name)
                 for j, layer in enumerate(layers):
                     self._where[layer] = (g, len(self._copiers), j, fam.layer_ids[j])
+                slots = fam.rows_kept or 1      # a snapshot's window blocks; a history page is one
                 self._copiers.append(BlockCopier(kv_caches, layers, view(name), slots, num_blocks=num_blocks))
                 self._copier_group.append(g)
         self._copier = self._copiers[0]
@@ -291,7 +291,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         layer is copied into vLLM's blocks when its attention asks for it
         (``wait_for_layer_load``), every other layer here, before the forward."""
         self._failed_reqs = set()
-        self._saved_now = set()
+        self._saved_now, self._save_units = set(), {}
         self._failed.update(self._plan().failed)
         for name in self._bulk:
             self._load_layer(name)
@@ -326,9 +326,11 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if not plan.saves or where is None or layer_name in self._saved_now:
             return
         g, c, layer, _ = where
-        pages = [p for op in plan.saves for p in op.pages[g]]
-        blocks = [b for op in plan.saves for b in op.blocks[g]]
-        self._copiers[c].save(layer, pages, blocks, kv_layer)
+        units = self._save_units.get(g)
+        if units is None:                       # once per group and step, not per layer
+            units = self._save_units[g] = ([p for op in plan.saves for p in op.pages[g]],
+                                           [b for op in plan.saves for b in op.blocks[g]])
+        self._copiers[c].save(layer, units[0], units[1], kv_layer)
         self._saved_now.add(layer_name)
 
     def wait_for_save(self) -> None:
@@ -339,7 +341,7 @@ class HiCacheConnector(KVConnectorBase_V1, SupportsHMA):
             return
         for name in self._where:
             self._save_layer(name, None)
-        self._saved_now = set()
+        self._saved_now, self._save_units = set(), {}
         self.bridge.report_saves([(op.key, op.req not in self._failed_reqs) for op in self._plan().saves])
 
     def get_block_ids_with_load_errors(self) -> set[int]:
