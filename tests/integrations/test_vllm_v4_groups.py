@@ -48,6 +48,15 @@ def test_v4_groups_become_a_family_per_group_and_width():
     assert group_families(V4)[3] == (("kv", (0,)), ("kv_1", (1,)), ("kv_2", (2,)))
 
 
+def test_two_caches_of_one_layer_in_one_family_are_numbered_in_group_order():
+    """Equal widths put both of a layer's caches in one family, where a layer id must be
+    unique: the family's layers are then numbered in group order, after earlier groups'."""
+    twin = GroupGeometry("sliding", ("l1.a.state", "l1.b.state"), 4, 512, 8, (1, 1))
+    layout = layout_for([V4[3], twin])
+    assert [(f.name, f.layer_ids) for f in layout.families] == [("kv", (1,)), ("kv_1", (1,)), ("kv_2", (2,)),
+                                                                ("swa1", (3, 4))]
+
+
 def test_groups_that_do_not_fit_a_page_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"kv_cache_groups\[1\]\.block_size=96.*does not divide"):
         layout_for([V4[3], GroupGeometry("sliding", ("w",), 96, 960, 128)])
