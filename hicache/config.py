@@ -46,7 +46,9 @@ class TreeConfig:
     last), ``reuse`` / ``reuse-prompt`` (snapshots ranked by what requests were seen to
     resume from), or ``adaptive``: the cache follows whichever of ``adaptive_candidates``
     hit most in its ghost over the last ``adaptive_window`` lookups, switching only for a
-    lead of more than ``adaptive_margin`` of the pages looked up in the window
+    lead of more than ``adaptive_margin`` of the pages looked up in the window, or of
+    ``adaptive_margin_hits`` of the followed candidate's hits in it where that is less (low
+    hit rates; never under a tenth of the page margin; 0 turns it off)
     (:mod:`hicache.tree.selector`, docs/policy.md).
     """
 
@@ -55,6 +57,7 @@ class TreeConfig:
     adaptive_candidates: tuple[str, ...] = DEFAULT_CANDIDATES
     adaptive_window: int = 300
     adaptive_margin: float = 0.03
+    adaptive_margin_hits: float = 0.1
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
@@ -73,6 +76,11 @@ class TreeConfig:
         if m > 1:
             raise ConfigError("adaptive_margin", self.adaptive_margin,
                               "must be a fraction of the window's looked-up pages, 0 to 1")
+        mh = check_number("adaptive_margin_hits", self.adaptive_margin_hits, positive=False, minimum=0.0,
+                          reason="must be a fraction of the followed candidate's hits, 0 to 1")
+        if mh > 1:
+            raise ConfigError("adaptive_margin_hits", self.adaptive_margin_hits,
+                              "must be a fraction of the followed candidate's hits, 0 to 1")
 
 
 @dataclass(frozen=True)
@@ -224,6 +232,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "adaptive_candidates": ("tree", "adaptive_candidates", None),
     "adaptive_window": ("tree", "adaptive_window", None),
     "adaptive_margin": ("tree", "adaptive_margin", None),
+    "adaptive_margin_hits": ("tree", "adaptive_margin_hits", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
     "host_tier": ("write", "host_tier", None),

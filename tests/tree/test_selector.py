@@ -105,3 +105,38 @@ def test_a_ghost_following_the_selector_stays_near_the_best_candidate():
             g.release(i)
     best = max(sel.stats().ghost_hit_pages.values())
     assert hits >= 0.95 * best and sel.strategy.name != "never"
+
+
+class Scripted:
+    """A stand-in ghost that resumes a fixed number of pages at every lookup."""
+
+    def __init__(self, hits: float):
+        self.hits = hits
+
+    def lookup(self, request, keys, prompt_pages=None):
+        return self.hits
+
+
+def scripted(hits: list[float], margin: float, margin_hits: float, window: int = 10) -> PolicySelector:
+    sel = PolicySelector([LRU(), *(Ranked(f"c{i}") for i in range(1, len(hits)))], capacity_units=10,
+                         snapshot_units=1, window=window, margin=margin, margin_hits=margin_hits)
+    sel.ghosts = [Scripted(h) for h in hits]
+    return sel
+
+
+@pytest.mark.parametrize("hits, margin_hits, switch_at", [
+    ((10, 12), 0.0, None),     # 20% more hits, 2% of the pages: under the 3% page margin
+    ((10, 12), 0.1, 0),        # ... but over 10% of the followed one's hits: follows at once
+    ((10, 10.8), 0.1, None),   # 8% more hits: under both
+    ((80, 82), 0.1, None),     # an 80% hit rate: the page margin (3) is the smaller, and binds
+    ((80, 84), 0.1, 0),        # 4% of the pages: over it
+    ((0, 0.2), 0.1, None),     # a cold window: 0.2% of the pages, under the floor (0.3%)
+    ((0, 0.5), 0.1, 0),        # 0.5%: over it
+])
+def test_the_lead_a_switch_needs_is_the_smaller_of_the_page_and_hit_margins(hits, margin_hits, switch_at):
+    sel = scripted(list(hits), margin=0.03, margin_hits=margin_hits)
+    switched = [sel.lookup(i, list(range(100))) for i in range(30)]
+    if switch_at is None:
+        assert not any(switched) and sel.strategy.name == "lru"
+    else:
+        assert switched.index(True) == switch_at and sel.switches == 1 and sel.strategy.name == "c1"
