@@ -71,16 +71,10 @@ class TreeConfig:
                               f"must be a list of distinct names from {list(ADAPTIVE_CANDIDATES)}")
         object.__setattr__(self, "adaptive_candidates", tuple(c))
         check_int("adaptive_window", self.adaptive_window, minimum=1, reason="must be a positive number of lookups")
-        m = check_number("adaptive_margin", self.adaptive_margin, positive=False, minimum=0.0,
-                         reason="must be a fraction of the window's looked-up pages, 0 to 1")
-        if m > 1:
-            raise ConfigError("adaptive_margin", self.adaptive_margin,
-                              "must be a fraction of the window's looked-up pages, 0 to 1")
-        mh = check_number("adaptive_margin_hits", self.adaptive_margin_hits, positive=False, minimum=0.0,
-                          reason="must be a fraction of the followed candidate's hits, 0 to 1")
-        if mh > 1:
-            raise ConfigError("adaptive_margin_hits", self.adaptive_margin_hits,
-                              "must be a fraction of the followed candidate's hits, 0 to 1")
+        check_number("adaptive_margin", self.adaptive_margin, positive=False, minimum=0.0, maximum=1.0,
+                     reason="must be a fraction of the window's looked-up pages, 0 to 1")
+        check_number("adaptive_margin_hits", self.adaptive_margin_hits, positive=False, minimum=0.0, maximum=1.0,
+                     reason="must be a fraction of the followed candidate's hits, 0 to 1")
 
 
 @dataclass(frozen=True)

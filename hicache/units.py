@@ -91,23 +91,28 @@ def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: in
 
 @overload
 def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
-                 optional: Literal[False] = False, reason: str | None = None, misuse: bool = False) -> float: ...
+                 optional: Literal[False] = False, reason: str | None = None, misuse: bool = False,
+                 maximum: float | None = None) -> float: ...
 @overload
 def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
-                 optional: bool, reason: str | None = None, misuse: bool = False) -> float | None: ...
+                 optional: bool, reason: str | None = None, misuse: bool = False,
+                 maximum: float | None = None) -> float | None: ...
 
 
 def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
-                 optional: bool = False, reason: str | None = None, misuse: bool = False) -> float | None:
-    """``value`` as a finite float (``> 0`` when ``positive``, ``>= minimum`` when given)."""
+                 optional: bool = False, reason: str | None = None, misuse: bool = False,
+                 maximum: float | None = None) -> float | None:
+    """``value`` as a finite float (``> 0`` when ``positive``, ``>= minimum`` and ``<= maximum``
+    when given)."""
     if value is None and optional:
         return None
     if not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value):
         x = float(value)
-        if (not positive or x > 0) and (minimum is None or x >= minimum):
+        if (not positive or x > 0) and (minimum is None or x >= minimum) and (maximum is None or x <= maximum):
             return x
     why = reason or ("must be a finite number" + (" > 0" if positive else "")
-                     + (f" >= {minimum}" if minimum is not None else ""))
+                     + (f" >= {minimum}" if minimum is not None else "")
+                     + (f" <= {maximum}" if maximum is not None else ""))
     if misuse:
         raise MisuseError(f"{field} {why}, got {value!r}")
     raise ConfigError(field, value, why)

@@ -87,10 +87,7 @@ def check_int(name: str, value: object, minimum: int, *, optional: bool = False)
 
 def check_share(name: str, value: object) -> float:
     """A probability in ``[0, 1]``, else ConfigError."""
-    x = check_number(name, value, positive=False, minimum=0, reason="must be a number in [0, 1]")
-    if x > 1:
-        raise ConfigError(name, value, "must be a number in [0, 1]")
-    return x
+    return check_number(name, value, positive=False, minimum=0, maximum=1, reason="must be a number in [0, 1]")
 
 
 def draw(rng: np.random.Generator, rng_range: Range | LogNormal) -> int:
