@@ -11,6 +11,7 @@ import numpy as np
 
 from hicache.cli.common import print_json
 from hicache.cli.table import render_table
+from hicache.engine import request_slots
 from hicache.errors import ConfigError
 from hicache.storage import mask_url
 from hicache.units import format_bytes
@@ -126,6 +127,9 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "preemptions": report.preemptions,
         "readmission_recomputed_tokens": sum(r.readmission_recomputed_tokens for r in recs),
         "rejected_requests": report.rejected,
+        # loads the device could not take whole (no free row, often no state row): the
+        # request resumed at the deepest point already on the device instead
+        "load_fallbacks": s["load_fallbacks"],
         "finished_requests": sum(r.finished for r in recs),
         "d2h_bytes": t["d2h"]["bytes"], "d2h_gbps": round(t["d2h"]["gbps"], 2),
         "h2d_bytes": t["h2d"]["bytes"], "h2d_gbps": round(t["h2d"]["gbps"], 2),
@@ -152,6 +156,8 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "host_bytes": cache.pools.plan.host_bytes,
         "device_pages": cache.pools.plan.device_pages,
         "host_pages": cache.pools.plan.host_pages,
+        "device_snapshots": s["device_states_total"],
+        "request_slots": request_slots(cache),   # running requests the device's state rows serve
         "retention_interval": cache.config.tree.retention_interval,
         "eviction": cache.config.tree.eviction,
         "adaptive_candidates": list(cache.config.tree.adaptive_candidates),

@@ -22,12 +22,12 @@ from hicache.engine import contents, hybrid_ref, kvsim
 from hicache.engine.clock import ClockConfig, clock_from_mapping
 from hicache.engine.fleet import ROUTINGS, FleetRun, run_fleet
 from hicache.engine.fleet_proc import check_shareable, run_fleet_processes
-from hicache.engine.loop import ReferenceEngine
+from hicache.engine.loop import ReferenceEngine, request_slots
 from hicache.engine.records import (ADMISSION_POLICIES, EngineConfig, EngineReport, EngineRequest,
                                     RequestRecord)
 from hicache.engine.stress import StressConfig, StressReport, StressRunner
 
-__all__ = ["ReferenceEngine", "EngineConfig", "EngineReport", "EngineRequest", "RequestRecord",
+__all__ = ["ReferenceEngine", "request_slots", "EngineConfig", "EngineReport", "EngineRequest", "RequestRecord",
            "ADMISSION_POLICIES",
            "ClockConfig", "clock_from_mapping", "StressConfig", "StressReport", "StressRunner",
            "contents", "hybrid_ref", "kvsim", "run_fleet", "run_fleet_processes", "check_shareable", "FleetRun", "ROUTINGS"]

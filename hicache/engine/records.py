@@ -27,8 +27,10 @@ class EngineConfig:
 
     ``admission``: ``reserve`` (default) admits a request only while the device pages that
     running requests will hold at their finish (prompt + output each, counted whole) plus
-    its own fit the device pool, first come first served; cached prefixes fill the rest and
-    are evicted as requests grow, so no request is preempted for room. ``greedy`` admits up
+    its own fit the device pool, and (split device pools) while a state row is left for
+    it (:func:`hicache.engine.loop.request_slots`), first come first served; cached
+    prefixes fill the rest and are evicted as requests grow, so no request is preempted
+    for room and none finds its resume snapshot unloadable. ``greedy`` admits up
     to ``max_running`` and preempts the youngest requests when pages run out (what an
     engine without a memory-aware scheduler does; on a small device pool it thrashes).
 
@@ -160,6 +162,7 @@ class Executor(Protocol):
     page_tokens: int
     device_pages: int
     request_overhead_pages: int   # device pages' worth of other bytes a running request pins
+    request_slots: int | None     # running requests the device's state rows serve (None: no limit)
     blocking_d2h: bool
 
     def prefetch(self, req: EngineRequest, start_s: float) -> float: ...
@@ -184,10 +187,12 @@ class NullExecutor:
 
     blocking_d2h = False
 
-    def __init__(self, page_tokens: int, device_pages: int, request_overhead_pages: int = 0):
+    def __init__(self, page_tokens: int, device_pages: int, request_overhead_pages: int = 0,
+                 request_slots: int | None = None):
         self.page_tokens = page_tokens
         self.device_pages = device_pages
         self.request_overhead_pages = request_overhead_pages
+        self.request_slots = request_slots
         self.used = 0
 
     def prefetch(self, req: EngineRequest, start_s: float) -> float:

@@ -8,9 +8,10 @@ would cost on the modelled server (:mod:`hicache.engine.clock`)::
              turn waits for the previous turn's finish); prefetches start for the first
              ``prefetch_ahead`` queued requests, whose cached prefixes count as used
              (``expect_queued``: each step, so they are not evicted while they wait)
-    admit:   first come, first served while the device can hold what is running
-             (``reserve``) or up to ``max_running`` (``greedy``); a request whose prefetch
-             policy makes it wait is passed over until its fetch has landed
+    admit:   first come, first served while the device can hold what is running, pages
+             and one state row each (``reserve``), or up to ``max_running`` (``greedy``);
+             a request whose prefetch policy makes it wait is passed over until its fetch
+             has landed
     step:    verify borrowed pages, prefill chunks / decode strides, publish, finish
     clock:   now += prefill + decode iterations + blocking copies of the step
 
@@ -342,6 +343,9 @@ class Scheduler:
         """Admission control: may ``req`` start now without taking others' room?"""
         if self.cfg.admission == "greedy" or self.reserved == 0:
             return True
+        slots = self.ex.request_slots
+        if slots is not None and len(self.running) >= slots:
+            return False
         return self.reserved + self._footprint(req) <= self.ex.device_pages
 
     def _release(self, job: Job) -> None:

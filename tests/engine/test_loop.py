@@ -260,3 +260,68 @@ def test_the_queue_head_is_expected_at_each_step_the_next_to_admit_last(on):
     # then, while 0 runs, [2, 1] at every step; 3 is expected only once 1 has started
     assert ex.calls[2:4] == [2, 1]
     assert ex.calls.index(3) > max(i for i, r in enumerate(ex.calls) if r == 1)
+
+
+def test_reserve_admission_runs_no_more_requests_than_state_rows():
+    """``request_slots`` caps what runs at once under ``reserve`` (never under ``greedy``),
+    and every request still runs to its finish."""
+    from hicache.engine.scheduler import Scheduler
+    from hicache.engine.records import NullExecutor
+
+    class Counting(NullExecutor):
+        def __init__(self, *a):
+            super().__init__(*a)
+            self.now = self.most = 0
+
+        def admit(self, job, now, first):
+            self.now += 1
+            self.most = max(self.most, self.now)
+            return super().admit(job, now, first)
+
+        def release(self, job):
+            self.now -= 1
+            super().release(job)
+
+    reqs = synthetic(conversations=6, seed=2, system_prompts=1, system_len=8, user_len=(4, 8),
+                     output_len=(30, 40), turns=(1, 1), vocab_size=1000, arrival_rate=None)
+    for admission, slots, most in (("reserve", 2, 2), ("reserve", None, 6), ("greedy", 2, 6)):
+        ex = Counting(4, 1000, 0, slots)
+        rep = Scheduler(ex, EngineConfig(max_running=8, admission=admission)).run(reqs)
+        assert ex.most == most, (admission, slots)
+        assert all(r.finished for r in rep.records) and len(rep.records) == 6
+
+
+@pytest.mark.parametrize("limit", [True, False])
+def test_reserve_admission_leaves_every_running_request_a_state_row(monkeypatch, limit):
+    """Split device pools: each running request holds a state row. Admitting more requests
+    than rows, the next one's load found no row for its resume snapshot and resumed at the
+    deepest point already on the device (the prompt recomputed from there); one request per
+    row, no load falls back."""
+    from hicache.engine import loop
+
+    if not limit:
+        monkeypatch.setattr(loop, "request_slots", lambda cache: None)
+    reqs = synthetic(conversations=10, seed=5, system_prompts=1, system_len=40, user_len=(4, 20),
+                     output_len=(20, 40), turns=(3, 4), vocab_size=1000, arrival_rate=None)
+    cache = make_cache(device_pages=200, host_pages=80, device_snaps=3, host_snaps=24,
+                       write_policy="write_back", host_tier="exclusive")   # pages for 8: rows for 3
+    try:
+        assert loop.request_slots(cache) == (3 if limit else None)
+        rep = ReferenceEngine(cache, EngineConfig(max_running=8, chunk_tokens=8, step_tokens=64)).run(reqs)
+        fallbacks = cache.stats()["load_fallbacks"]
+        cache.check_integrity()
+    finally:
+        cache.close()
+    assert rep.mismatched_pages == 0 and rep.preemptions == 0 and len(rep.records) == len(reqs)
+    assert (fallbacks == 0) if limit else (fallbacks > 0), fallbacks
+    hits = sum(r.hit_tokens for r in rep.records)
+    assert (hits == 3172) if limit else (hits == 1632), hits   # this seed: half the hits lost
+
+
+def test_request_slots_count_split_state_rows_only():
+    from hicache.engine.loop import request_slots
+    from tests.cache.conftest import mha_layout
+
+    assert request_slots(make_cache(device_pages=30, device_snaps=5)) == 5
+    assert request_slots(make_cache(device_pages=30, device_snaps=4, budget="shared")) is None   # arena
+    assert request_slots(make_cache(mha_layout(), device_pages=30, device_snaps=0, host_snaps=0)) is None
