@@ -263,11 +263,10 @@ class ReferenceEngine:
         self.progress = progress
 
     def run(self, requests: Sequence) -> EngineReport:
-        # The baseline admits on the same device budget, snapshots included (same overhead).
-        null = NullExecutor(self.cache.page_tokens, self.cache.pools.device.capacity("page"),
-                            snapshot_overhead_pages(self.cache), request_slots(self.cache))
-        baseline = Scheduler(null, self.cfg).run(requests)
         ex = CacheExecutor(self.cache, self.cfg.verify, self.cfg.clock, self.cfg.copy_landing)
+        # The baseline admits on the same device budget: pages, snapshots' overhead, slots.
+        null = NullExecutor(ex.page_tokens, ex.device_pages, ex.request_overhead_pages, ex.request_slots)
+        baseline = Scheduler(null, self.cfg).run(requests)
         report = Scheduler(ex, self.cfg, self.progress).run(requests)
         uncached = {r.request_id: r.ttft_s for r in baseline.records}
         for r in report.records:

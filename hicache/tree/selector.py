@@ -21,8 +21,8 @@ more at 10% and 60% at 5%. Production traffic, where most chains are used once, 
 5-25%: there a candidate whose ghost hit 20% more than LRU's over the whole run was
 followed in few windows or none. ``margin_hits`` caps the lead at a share of the hits
 themselves, so below a hit rate of ``margin / margin_hits`` (30% at the defaults) a steady
-relative lead suffices; above it the page margin binds exactly as before. The floor keeps near-empty windows
-(a cold cache, hit rates near 0) from switching on a page or two.
+relative lead suffices; above it the page margin binds exactly as before. The floor keeps
+near-empty windows (a cold cache, hit rates near 0) from switching on a page or two.
 
 Why this has LRU as its floor. Plain LRU is a candidate and its ghost is fed the same
 events as the cache, so over any window the followed policy's ghost hit at least as much as
