@@ -48,8 +48,10 @@ class TreeConfig:
     hit most in its ghost over the last ``adaptive_window`` lookups, switching only for a
     lead of more than ``adaptive_margin`` of the pages looked up in the window, or of
     ``adaptive_margin_hits`` of the followed candidate's hits in it where that is less (low
-    hit rates; never under a tenth of the page margin; 0 turns it off)
-    (:mod:`hicache.tree.selector`, docs/policy.md).
+    hit rates; never under a tenth of the page margin; 0 turns it off). With
+    ``adaptive_floor`` (and ``lru`` among the candidates) a followed candidate whose ghost
+    hit less than LRU's over the window is left at once, for LRU or for a candidate that
+    leads LRU by the margin (:mod:`hicache.tree.selector`, docs/policy.md).
     """
 
     eviction: str = "lru"
@@ -58,6 +60,7 @@ class TreeConfig:
     adaptive_window: int = 300
     adaptive_margin: float = 0.03
     adaptive_margin_hits: float = 0.1
+    adaptive_floor: bool = True
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
@@ -75,6 +78,8 @@ class TreeConfig:
                      reason="must be a fraction of the window's looked-up pages, 0 to 1")
         check_number("adaptive_margin_hits", self.adaptive_margin_hits, positive=False, minimum=0.0, maximum=1.0,
                      reason="must be a fraction of the followed candidate's hits, 0 to 1")
+        if not isinstance(self.adaptive_floor, bool):
+            raise ConfigError("adaptive_floor", self.adaptive_floor, "must be true or false")
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "adaptive_window": ("tree", "adaptive_window", None),
     "adaptive_margin": ("tree", "adaptive_margin", None),
     "adaptive_margin_hits": ("tree", "adaptive_margin_hits", None),
+    "adaptive_floor": ("tree", "adaptive_floor", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
     "host_tier": ("write", "host_tier", None),

@@ -126,7 +126,8 @@ class ConfiguredPolicy:
             units = ghost_units if ghost_units is not None else (0.0, 0.0)
             self._selector = PolicySelector([get_strategy(c) for c in names], units[0], units[1],
                                             stateless=not needs_snapshots, window=tree.adaptive_window,
-                                            margin=tree.adaptive_margin, margin_hits=tree.adaptive_margin_hits)
+                                            margin=tree.adaptive_margin, margin_hits=tree.adaptive_margin_hits,
+                                            floor="lru" if tree.adaptive_floor and "lru" in names else None)
         elif tree.eviction == "adaptive":
             self._fixed = get_strategy(names[0])
         self._keys = _PageKeys(page_tokens)

@@ -95,6 +95,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                         "each (default: the config's; docs/policy.md)")
     p.add_argument("--adaptive-window", type=int, metavar="N",
                    help="eviction adaptive: lookups over which the ghosts are compared (default: the config's)")
+    p.add_argument("--adaptive-floor", choices=["on", "off"],
+                   help="eviction adaptive: leave a followed candidate as soon as its ghost hits less than "
+                        "LRU's over the window (default: the config's, on)")
     p.add_argument("--prefetch-policy", choices=["best_effort", "wait_complete", "timeout"],
                    help="how long admission waits for an L3 prefetch (default: the config's)")
     p.add_argument("--l3-admit", choices=["off", "published", "reused"],
@@ -190,6 +193,8 @@ def cache_overrides(args: argparse.Namespace) -> dict:
         out["adaptive_candidates"] = parse_candidates("--candidates", args.candidates)
     if args.adaptive_window is not None:
         out["adaptive_window"] = at_least("--adaptive-window", args.adaptive_window, 1)
+    if getattr(args, "adaptive_floor", None) is not None:
+        out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":
         out["bytes_mode"] = args.bytes
     return out

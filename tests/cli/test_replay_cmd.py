@@ -116,6 +116,13 @@ def test_candidates_flag_reaches_the_run(capsys, names, expect):
     assert sorted(out["ghost_hit_pages"]) == (sorted(expect) if len(expect) > 1 else [])
 
 
+@pytest.mark.parametrize("floor, expect", [(None, True), ("off", False), ("on", True)])
+def test_adaptive_floor_flag_reaches_the_run(capsys, floor, expect):
+    flags = ["--adaptive-floor", floor] if floor else []
+    rc, out = replay(capsys, "--eviction", "adaptive", "--adaptive-window", "20", *flags)
+    assert rc == 0 and out["adaptive_floor"] is expect and out["mismatched_pages"] == 0
+
+
 @pytest.mark.parametrize("flag, bad", [("--candidates", "lru,nope"), ("--candidates", "lru,lru"),
                                        ("--candidates", ""), ("--adaptive-window", "0")])
 def test_a_bad_adaptive_flag_is_one_line(capsys, flag, bad):

@@ -100,6 +100,7 @@ def test_cache_config_parsing_and_errors():
                        ({"retention_interval": -1}, "cache.retention_interval"),
                        ({"adaptive_margin_hits": -0.1}, "cache.adaptive_margin_hits"),
                        ({"adaptive_margin_hits": 2}, "cache.adaptive_margin_hits"),
+                       ({"adaptive_floor": "yes"}, "cache.adaptive_floor"),
                        ({"storage_url": "localhost"}, "cache.storage_url"),
                        ({"prefetch_policy": "eager"}, "cache.prefetch_policy"),
                        ({"write_through_threshold": 0}, "cache.write_through_threshold")]:
