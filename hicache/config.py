@@ -50,8 +50,8 @@ class TreeConfig:
     ``adaptive_margin_hits`` of the followed candidate's hits in it where that is less (low
     hit rates; never under a tenth of the page margin; 0 turns it off). With
     ``adaptive_floor`` (and ``lru`` among the candidates) a followed candidate whose ghost
-    hit less than LRU's over the window is left at once, for LRU or for a candidate that
-    leads LRU by the margin (:mod:`hicache.tree.selector`, docs/policy.md).
+    hit less than LRU's over the window is left at once, for the candidate that hit most
+    in it (:mod:`hicache.tree.selector`, docs/policy.md).
     """
 
     eviction: str = "lru"

@@ -27,15 +27,16 @@ relative lead suffices; above it the page margin binds exactly as before. The fl
 near-empty windows (a cold cache, hit rates near 0) from switching on a page or two.
 
 Why this has LRU as its floor. Plain LRU is a candidate and its ghost is fed the same
-events as the cache. The margin is asymmetric around it: leaving LRU takes a lead of the
+events as the cache. The margin is one-sided around it: leaving LRU takes a lead of the
 margin, but a candidate is followed only while its ghost hits at least as much as LRU's
-over the window (``floor``; when it falls under, the best candidate lately is taken), so at every lookup the followed policy's ghost hit at least
-as much as LRU's over the last window. Without the floor the followed candidate may trail
-LRU by up to the margin for good (the sixth freeze's reason: on a bursty mix one candidate
-led for a window, was taken, and then trailed LRU by under 3% for 500 lookups). What
-remains is the cost of having switched: after a switch the real cache holds what the
-*previous* policy kept, and converges to the new policy's contents within about one
-turnover of the cache. ``regret`` counts, window by window, the ghost hits
+over the window (``floor``; when it falls under, the best candidate lately is taken, as a
+switch is paid for either way), so at every lookup the followed policy's ghost hit at
+least as much as LRU's over the last window. Without the floor the followed candidate may
+trail LRU by up to the margin for good (on a bursty mix one candidate led for a window, was
+taken, and then trailed LRU by under 3% for 490 lookups). What remains is the cost of
+having switched: after a switch the real cache holds what the *previous* policy kept, and
+converges to the new policy's contents within about one turnover of the cache, and what
+no ghost sees (docs/policy.md). ``regret`` counts, window by window, the ghost hits
 of the window's best candidate minus those of the candidate followed at each lookup -- the
 price of choosing online rather than knowing the best policy in advance -- so a run shows
 how close to the best it stayed. How
