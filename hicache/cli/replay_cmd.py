@@ -193,7 +193,7 @@ def cache_overrides(args: argparse.Namespace) -> dict:
         out["adaptive_candidates"] = parse_candidates("--candidates", args.candidates)
     if args.adaptive_window is not None:
         out["adaptive_window"] = at_least("--adaptive-window", args.adaptive_window, 1)
-    if getattr(args, "adaptive_floor", None) is not None:
+    if args.adaptive_floor is not None:
         out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":
         out["bytes_mode"] = args.bytes

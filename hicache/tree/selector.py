@@ -133,29 +133,24 @@ class PolicySelector:
         return self._choose()
 
     def _choose(self) -> bool:
-        scores = self._sums
-        best = max(range(len(self.ghosts)), key=lambda i: (scores[i], -i))
-        if self._floor is not None and scores[self.followed] < scores[self._floor]:
-            # The followed candidate fell under the floor over the window: leave it now, for
-            # the best candidate lately (a switch is paid for either way).
-            target = best
-        elif best != self.followed and scores[best] - scores[self.followed] > self._lead_needed(scores[self.followed]):
-            target = best
-        else:
-            target = self.followed
-        if target == self.followed:
+        best = max(range(len(self.ghosts)), key=lambda i: (self._sums[i], -i))
+        if best == self.followed:
             return False
-        self.followed = target
+        # Under the floor over the window: leave now, for the best candidate lately (a switch
+        # is paid for either way). Otherwise a switch needs a lead.
+        under_floor = self._floor is not None and self._sums[self.followed] < self._sums[self._floor]
+        if not under_floor and self._sums[best] - self._sums[self.followed] <= self._lead_needed():
+            return False
+        self.followed = best
         self.switches += 1
         return True
 
-    def _lead_needed(self, base_score: float) -> float:
-        """Ghost hit pages by which a candidate must beat one that scored ``base_score``
-        over the window (docstring above)."""
+    def _lead_needed(self) -> float:
+        """Ghost hit pages by which a candidate must beat the followed one (docstring above)."""
         pages = self.margin * self._pages_sum
         if self.margin_hits <= 0:
             return pages
-        return max(min(pages, self.margin_hits * base_score), pages / 10)
+        return max(min(pages, self.margin_hits * self._sums[self.followed]), pages / 10)
 
     def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:
         for g in self.ghosts:

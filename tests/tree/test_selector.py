@@ -108,19 +108,25 @@ def test_a_ghost_following_the_selector_stays_near_the_best_candidate():
 
 
 class Scripted:
-    """A stand-in ghost that resumes a fixed number of pages at every lookup."""
+    """A stand-in ghost that resumes a scripted number of pages at each lookup: ``[(from
+    lookup, hits), ...]``, each phase until the next one starts."""
 
-    def __init__(self, hits: float):
-        self.hits = hits
+    def __init__(self, phases: list[tuple[int, float]]):
+        self.phases = phases
+        self.i = 0
 
     def lookup(self, request, keys, prompt_pages=None):
-        return self.hits
+        hits = [h for start, h in self.phases if start <= self.i][-1]
+        self.i += 1
+        return hits
 
 
-def scripted(hits: list[float], margin: float, margin_hits: float, window: int = 10) -> PolicySelector:
-    sel = PolicySelector([LRU(), *(Ranked(f"c{i}") for i in range(1, len(hits)))], capacity_units=10,
-                         snapshot_units=1, window=window, margin=margin, margin_hits=margin_hits)
-    sel.ghosts = [Scripted(h) for h in hits]
+def scripted(phases: list[list[tuple[int, float]]], margin: float = 0.03, margin_hits: float = 0.1,
+             window: int = 10, floor: str | None = None) -> PolicySelector:
+    """A selector over ``lru`` and candidates ``c1``, ``c2``, ... whose ghosts are scripted."""
+    sel = PolicySelector([LRU(), *(Ranked(f"c{i}") for i in range(1, len(phases)))], capacity_units=10,
+                         snapshot_units=1, window=window, margin=margin, margin_hits=margin_hits, floor=floor)
+    sel.ghosts = [Scripted(p) for p in phases]
     return sel
 
 
@@ -134,33 +140,12 @@ def scripted(hits: list[float], margin: float, margin_hits: float, window: int =
     ((0, 0.5), 0.1, 0),        # 0.5%: over it
 ])
 def test_the_lead_a_switch_needs_is_the_smaller_of_the_page_and_hit_margins(hits, margin_hits, switch_at):
-    sel = scripted(list(hits), margin=0.03, margin_hits=margin_hits)
+    sel = scripted([[(0, h)] for h in hits], margin=0.03, margin_hits=margin_hits)
     switched = [sel.lookup(i, list(range(100))) for i in range(30)]
     if switch_at is None:
         assert not any(switched) and sel.strategy.name == "lru"
     else:
         assert switched.index(True) == switch_at and sel.switches == 1 and sel.strategy.name == "c1"
-
-
-class Phased:
-    """A stand-in ghost whose hits per lookup change at given lookups: ``[(from, hits), ...]``."""
-
-    def __init__(self, phases: list[tuple[int, float]]):
-        self.phases = phases
-        self.i = 0
-
-    def lookup(self, request, keys, prompt_pages=None):
-        hits = [h for start, h in self.phases if start <= self.i][-1]
-        self.i += 1
-        return hits
-
-
-def phased(phases: list[list[tuple[int, float]]], floor: str | None, window: int = 10) -> PolicySelector:
-    names = ["lru", *(f"c{i}" for i in range(1, len(phases)))]
-    sel = PolicySelector([LRU(), *(Ranked(n) for n in names[1:])], capacity_units=10, snapshot_units=1,
-                         window=window, margin=0.03, margin_hits=0.1, floor=floor)
-    sel.ghosts = [Phased(p) for p in phases]
-    return sel
 
 
 def follow(sel: PolicySelector, lookups: int) -> list[str]:
@@ -175,29 +160,29 @@ def test_with_the_floor_a_candidate_that_falls_under_lru_is_left_at_once():
     # c1 leads by 20% for 20 lookups, then hits 1% less than LRU: its window score falls
     # under LRU's once the window (10) holds none of its leading lookups, at lookup 29.
     phases = [[(0, 10.0)], [(0, 12.0), (20, 9.9)]]
-    sel = phased(phases, floor="lru")
+    sel = scripted(phases, floor="lru")
     names = follow(sel, 60)
     assert names[0] == "c1" and names[19] == "c1"
     back = names.index("lru")
     assert back == 29 and set(names[back:]) == {"lru"} and sel.switches == 2
     # ... while without the floor the deficit, inside the margin, keeps it followed for good
-    assert set(follow(phased(phases, floor=None), 60)) == {"c1"}
+    assert set(follow(scripted(phases, floor=None), 60)) == {"c1"}
 
 
 def test_a_candidate_under_the_floor_is_left_for_the_best_one_lately():
     # c1 falls under LRU while c2 leads LRU by 1%, under the margin: c2 is taken at once (a
     # switch is paid for either way), not LRU
     phases = [[(0, 10.0)], [(0, 12.0), (20, 9.0)], [(0, 10.0), (20, 10.1)]]
-    names = follow(phased(phases, floor="lru"), 60)
+    names = follow(scripted(phases, floor="lru"), 60)
     assert names[0] == "c1"
     left = next(i for i, n in enumerate(names) if n != "c1")
     assert names[left] == "c2" and set(names[left:]) == {"c2"}
     # ... and LRU when it is the best itself; without the floor c1 stays (inside the margin
     # of both)
     phases[2] = [(0, 10.0), (20, 9.95)]
-    assert follow(phased(phases, floor="lru"), 60)[-1] == "lru"
+    assert follow(scripted(phases, floor="lru"), 60)[-1] == "lru"
     phases[1] = [(0, 12.0), (20, 9.9)]
-    assert set(follow(phased(phases, floor=None), 60)) == {"c1"}
+    assert set(follow(scripted(phases, floor=None), 60)) == {"c1"}
 
 
 def test_the_floor_must_be_a_candidate():
