@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from hicache.units import check_int, check_number
+from hicache.units import check_bool, check_int, check_number
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, layout_from_mapping, load_hf_config, read_config_file
 from hicache.pools import PoolConfig
@@ -51,7 +51,9 @@ class TreeConfig:
     hit rates; never under a tenth of the page margin; 0 turns it off). With
     ``adaptive_floor`` (and ``lru`` among the candidates) a followed candidate whose ghost
     hit less than LRU's over the window is left at once, for the candidate that hit most
-    in it (:mod:`hicache.tree.selector`, docs/policy.md).
+    in it. No switch before ``adaptive_window`` lookups: the first candidate (``lru`` in
+    the defaults) is followed until the ghosts' scores cover a whole window
+    (:mod:`hicache.tree.selector`, docs/policy.md).
     """
 
     eviction: str = "lru"
@@ -78,8 +80,7 @@ class TreeConfig:
                      reason="must be a fraction of the window's looked-up pages, 0 to 1")
         check_number("adaptive_margin_hits", self.adaptive_margin_hits, positive=False, minimum=0.0, maximum=1.0,
                      reason="must be a fraction of the followed candidate's hits, 0 to 1")
-        if not isinstance(self.adaptive_floor, bool):
-            raise ConfigError("adaptive_floor", self.adaptive_floor, "must be true or false")
+        check_bool("adaptive_floor", self.adaptive_floor)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,15 @@ def check_int(field: str, value: object, *, minimum: int | None = 0, maximum: in
     raise ConfigError(field, value, why)
 
 
+def check_bool(field: str, value: object) -> bool:
+    """``value`` as a bool: only ``true`` / ``false`` (YAML) or ``True`` / ``False``; ``1``,
+    ``"yes"`` and the like raise :class:`ConfigError` naming ``field`` (a switch someone
+    spelled differently should not be read as either position)."""
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(field, value, "must be true or false")
+
+
 @overload
 def check_number(field: str, value: object, *, minimum: float | None = None, positive: bool = True,
                  optional: Literal[False] = False, reason: str | None = None, misuse: bool = False,

@@ -28,7 +28,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
-from hicache.units import check_int
+from hicache.units import check_bool, check_int
 from hicache.errors import ConfigError
 from hicache.inputs import check_shape, load_json, load_yaml, read_text
 from hicache.layout.spec import MAX_LAYERS, CacheLayout, FamilySpec, _require_int, parse_layers
@@ -190,8 +190,7 @@ def layout_from_hf_config(config: Any, *, page_tokens: int | None = None,
     # Checked before any arithmetic: 0 is an error, not the default, and "abc" is no number.
     page_tokens = _require_int("page_tokens", DEFAULT_PAGE_TOKENS if page_tokens is None else page_tokens,
                                minimum=1)
-    if not isinstance(include_mtp, bool):
-        raise ConfigError("include_mtp", include_mtp, "must be true or false")
+    check_bool("include_mtp", include_mtp)
     if "compress_ratios" in cfg:
         return _deepseek_v4(cfg, page_tokens, kv_format, indexer_format, include_mtp)
     if "kv_lora_rank" in cfg:

@@ -124,6 +124,16 @@ def test_byte_sizes_must_be_finite(text):
     assert exc.value.field == "cache.host_bytes"
 
 
+@pytest.mark.parametrize("value", [1, 0, "yes", "true", None, 1.0])
+def test_switches_take_only_true_or_false(value):
+    from hicache.units import check_bool
+
+    assert check_bool("cache.adaptive_floor", True) is True and check_bool("f", False) is False
+    with pytest.raises(ConfigError) as exc:
+        check_bool("cache.adaptive_floor", value)
+    assert exc.value.field == "cache.adaptive_floor" and "true or false" in str(exc.value)
+
+
 @pytest.mark.parametrize("section", [[1, 2], "fast", 3])
 def test_cache_section_must_be_a_mapping(section):
     with pytest.raises(ConfigError) as exc:

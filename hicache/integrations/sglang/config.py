@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from hicache.errors import ConfigError
 from hicache.storage import L3Config
+from hicache.units import check_bool
 
 # Read by SGLang itself (backend selection, controller options); accepted and ignored here.
 SGLANG_KEYS = frozenset({
@@ -75,8 +76,7 @@ class SGLangL3Config:
         if not isinstance(salt, str):
             raise ConfigError("extra_config.salt", salt, "must be a string")
         skip = extra.get("skip_existing", True)
-        if not isinstance(skip, bool):
-            raise ConfigError("extra_config.skip_existing", skip, "must be true or false")
+        check_bool("extra_config.skip_existing", skip)
         v1 = extra.get("interface_v1", 0)
         if v1 not in (0, 1, True, False):
             raise ConfigError("extra_config.interface_v1", v1, "must be 0 or 1")

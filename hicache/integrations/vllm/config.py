@@ -33,6 +33,7 @@ from hicache.config import HiCacheConfig, cache_config_from_mapping
 from hicache.errors import ConfigError
 from hicache.integrations.vllm.windows import window_slots
 from hicache.layout import CacheLayout, FamilySpec, read_config_file
+from hicache.units import check_bool
 
 DEFAULTS = {"host_layout": "page_first", "device_bytes": "256MiB", "device": "cpu"}
 
@@ -140,8 +141,7 @@ def connector_config(extra: Mapping[str, Any] | None, *, model: str) -> tuple[Hi
     (``cache_config_from_mapping``)."""
     extra = dict(extra or {})
     async_lookup = extra.pop("async_lookup", False)
-    if not isinstance(async_lookup, bool):
-        raise ConfigError("kv_connector_extra_config.async_lookup", async_lookup, "must be true or false")
+    check_bool("kv_connector_extra_config.async_lookup", async_lookup)
     section: dict[str, Any] = dict(DEFAULTS)
     path = extra.pop("config", None)
     if path is not None:
