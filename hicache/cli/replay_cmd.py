@@ -94,7 +94,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help="eviction adaptive: the orders it chooses among online, by the hits of a ghost cache "
                         "each (default: the config's; docs/policy.md)")
     p.add_argument("--adaptive-window", type=int, metavar="N",
-                   help="eviction adaptive: lookups over which the ghosts are compared (default: the config's)")
+                   help="eviction adaptive: lookups over which the ghosts are compared, and before which "
+                        "none switches (default: the config's)")
     p.add_argument("--adaptive-floor", choices=["on", "off"],
                    help="eviction adaptive: leave a followed candidate as soon as its ghost hits less than "
                         "LRU's over the window (default: the config's, on)")
