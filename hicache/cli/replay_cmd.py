@@ -135,6 +135,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-expect-queued", dest="expect_queued", action="store_false",
                    help="do not keep the cached prefixes of the queue's head warm while they wait "
                         "(HiCache.expect each step; on by default)")
+    p.add_argument("--no-peer-hold", dest="peer_hold", action="store_false",
+                   help="admit a queued request even while a running request is still computing its "
+                        "prefix (by default it waits for that request's chunk, then resumes from it)")
     clock = p.add_argument_group("virtual clock (default: the config's engine: section, else built-in)")
     clock.add_argument("--prefill-tps", type=float, help="prefill tokens per second")
     clock.add_argument("--decode-step-ms", type=float, help="one decode iteration of the batch, ms")
@@ -266,7 +269,8 @@ def engine_config(args: argparse.Namespace, path: Path):
     clock = clock_from_mapping(read_config_file(path).get("engine"), source=str(path), **flags)
     verify = contents.check_mode(args.verify or ("off" if args.bytes == "none" else "sample"))
     return EngineConfig(max_running=args.max_running, admission=args.admission, verify=verify,
-                        copy_landing=args.copy_landing, expect_queued=args.expect_queued, clock=clock)
+                        copy_landing=args.copy_landing, expect_queued=args.expect_queued,
+                        peer_hold=args.peer_hold, clock=clock)
 
 
 @dataclass

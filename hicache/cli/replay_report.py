@@ -125,6 +125,8 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "l3_hit_tokens": sum(r.l3_hit_tokens for r in recs),
         "recomputed_tokens": sum(r.recomputed_tokens for r in recs),
         "preemptions": report.preemptions,
+        # steps a queued request waited for a running request computing its prefix (peer_hold)
+        "peer_holds": report.peer_holds,
         "readmission_recomputed_tokens": sum(r.readmission_recomputed_tokens for r in recs),
         "rejected_requests": report.rejected,
         # loads the device could not take whole (no free row, often no state row): the
@@ -236,6 +238,7 @@ def print_summary(summary: dict, *, title: str) -> None:
         rows.append(["  as kvcache-simulator counts it (hashed blocks)", f"{s['hit_rate_last_half_sim']:.1%}"])
     rows += policy_rows(s) + [
         ["recomputed tokens", share(s["recomputed_tokens"])],
+        ["waits for a peer's prefill (request-steps)", f"{s['peer_holds']:,}"],
         ["device -> host", _moved(s, "d2h")],
         ["host -> device", _moved(s, "h2d")],
         ["host -> L3 / L3 -> host", f"{format_bytes(s['l3_put_bytes'])} / {format_bytes(s['l3_get_bytes'])}"],

@@ -39,7 +39,9 @@ class EngineConfig:
     doc). ``verify``: how much of each page is written and checked
     (:data:`hicache.engine.contents.VerifyMode`). ``prefetch_ahead``: queued requests
     that get an L3 prefetch before admission (default ``max_running``); with
-    ``expect_queued`` (default) the same head of the queue has its cached prefix kept warm
+    ``peer_hold`` (default): a queued request whose prefix a running request is still
+    computing waits for that request's chunk instead of computing the pages a second time
+    (:mod:`hicache.engine.peers`). ``expect_queued`` (default) the same head of the queue has its cached prefix kept warm
     at every step (:meth:`HiCache.expect`), so what waits is not evicted before it is
     admitted. ``clock``: the cost model of the virtual clock.
 
@@ -61,6 +63,7 @@ class EngineConfig:
     admission: str = "reserve"
     prefetch_ahead: int | None = None
     expect_queued: bool = True
+    peer_hold: bool = True
     copy_landing: CopyLanding = "step"
     clock: ClockConfig = field(default_factory=ClockConfig)
 
@@ -135,6 +138,7 @@ class EngineReport:
     steps: int = 0
     preemptions: int = 0
     rejected: int = 0
+    peer_holds: int = 0     # (request, step) pairs a queued request waited for a running peer
     verified_pages: int = 0
     mismatched_pages: int = 0
     virtual_s: float = 0.0
@@ -164,6 +168,7 @@ class Executor(Protocol):
     request_overhead_pages: int   # device pages' worth of other bytes a running request pins
     request_slots: int | None     # running requests the device's state rows serve (None: no limit)
     blocking_d2h: bool
+    resume_points: str | None     # "pages" (no state), "snapshots" (hybrid), None: no cache to resume from
 
     def prefetch(self, req: EngineRequest, start_s: float) -> float: ...
     def forget(self, req: EngineRequest) -> None: ...
@@ -186,6 +191,7 @@ class NullExecutor:
     requests. Its run on the same requests is the 'without the cache' baseline."""
 
     blocking_d2h = False
+    resume_points: str | None = None
 
     def __init__(self, page_tokens: int, device_pages: int, request_overhead_pages: int = 0,
                  request_slots: int | None = None):

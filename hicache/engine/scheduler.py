@@ -11,7 +11,8 @@ would cost on the modelled server (:mod:`hicache.engine.clock`)::
     admit:   first come, first served while the device can hold what is running, pages
              and one state row each (``reserve``), or up to ``max_running`` (``greedy``);
              a request whose prefetch policy makes it wait is passed over until its fetch
-             has landed
+             has landed, and one whose prefix a running request is still computing until
+             that request's chunk is published (``peer_hold``, :mod:`hicache.engine.peers`)
     step:    verify borrowed pages, prefill chunks / decode strides, publish, finish
     clock:   now += prefill + decode iterations + blocking copies of the step
 
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from hicache.cache import Boundary, chunk_end
+from hicache.engine.peers import PeerHold
 from hicache.engine.records import (ADMISSION_POLICIES, INF, EngineConfig, EngineReport, Executor, Job,
                                     NullExecutor, RequestRecord)
 
@@ -68,6 +70,8 @@ class Scheduler:
         self.cfg = cfg
         self.clock = cfg.clock
         self.P = executor.page_tokens
+        points = getattr(executor, "resume_points", None)
+        self.peers = PeerHold(self.P, points == "snapshots") if cfg.peer_hold and points is not None else None
         self.progress = progress
         # called as a turn ends (finished or rejected), with the request and the clock: a
         # fleet driver routes the conversation's next turn then
@@ -121,6 +125,7 @@ class Scheduler:
             self.ex.close()
         rep = self.report
         rep.records = [self.records[k] for k in sorted(self.records)]
+        rep.peer_holds = self.peers.holds if self.peers is not None else 0
         rep.verified_pages = sum(r.verified_pages for r in rep.records)
         rep.mismatched_pages = sum(r.mismatched_pages for r in rep.records)
         rep.virtual_s = self.now
@@ -128,6 +133,8 @@ class Scheduler:
 
     def _reset(self, requests: Sequence) -> None:
         self.report = EngineReport()
+        if self.peers is not None:
+            self.peers.holds = 0
         self.records: dict[int, RequestRecord] = {}
         self.now = self.prev_now = 0.0
         self.charged = self.ex.moved()   # copy bytes already charged to the clock (h2d, d2h)
@@ -185,6 +192,8 @@ class Scheduler:
                     continue
                 if self._prefetch(req) > self.now:
                     continue  # its prefetch policy waits for the fetch: others go first
+                if self.peers is not None and self.peers.blocker(req, self.running) is not None:
+                    continue  # a running request computes its prefix: it resumes there later
                 source.remove(req)
                 self._start(req)
 

@@ -63,7 +63,7 @@ CASES = {
         dict(write_policy="write_back", host_tier="exclusive", device_bytes=320 * KiB, host_bytes=256 * KiB),
         {}, ("device_demoted_pages", "host_evicted_pages", "host_released_pages", "host_hit_tokens")),
     "multi-turn, MHA, write_through, greedy admission": (
-        "tiny-mha", lambda: chat(16), dict(device_bytes=160 * KiB, host_bytes=512 * KiB),
+        "tiny-mha", lambda: chat(16), dict(device_bytes=192 * KiB, host_bytes=512 * KiB),
         dict(admission="greedy", max_running=8),
         ("device_demoted_pages", "host_evicted_pages", "preemptions", "host_hit_tokens")),
     "sharegpt, DeepSeek-V4-Flash, its config's policies": (
