@@ -120,16 +120,18 @@ class ConfiguredPolicy:
         self._needs_snapshots = needs_snapshots   # hybrid layouts: a resume point needs a snapshot
         self._page_tokens = page_tokens
         self._selector: PolicySelector | None = None
-        self._fixed: EvictionStrategy = get_strategy(tree.eviction if tree.eviction != "adaptive" else "lru")
+        stateless = not needs_snapshots
+        self._fixed: EvictionStrategy = get_strategy(tree.eviction if tree.eviction != "adaptive" else "lru",
+                                                     stateless=stateless)
         names = _distinct_candidates(tree.adaptive_candidates, needs_snapshots)
         if tree.eviction == "adaptive" and len(names) > 1:
             units = ghost_units if ghost_units is not None else (0.0, 0.0)
-            self._selector = PolicySelector([get_strategy(c) for c in names], units[0], units[1],
-                                            stateless=not needs_snapshots, window=tree.adaptive_window,
+            self._selector = PolicySelector([get_strategy(c, stateless=stateless) for c in names],
+                                            units[0], units[1], stateless=stateless, window=tree.adaptive_window,
                                             margin=tree.adaptive_margin, margin_hits=tree.adaptive_margin_hits,
                                             floor="lru" if tree.adaptive_floor and "lru" in names else None)
         elif tree.eviction == "adaptive":
-            self._fixed = get_strategy(names[0])
+            self._fixed = get_strategy(names[0], stateless=stateless)
         self._keys = _PageKeys(page_tokens)
 
     @property
@@ -210,13 +212,17 @@ class ConfiguredPolicy:
 
 def _distinct_candidates(names: Sequence[str], needs_snapshots: bool) -> list[str]:
     """The candidates that can rank differently: without state (MHA, MLA) there are no
-    snapshots, so every class rule is moot and each ranked order is plain LRU (``lfu`` and
-    ``probation`` rank pages by their hits, and stay)."""
+    snapshots, so the snapshot rules are moot and ``value`` and ``reuse`` rank as plain LRU;
+    ``lfu`` and ``probation`` rank pages by their hits, and ``reuse-prompt`` /
+    ``reuse-prompt-late`` (alike there) a decode's idle pages first, so those stay."""
     if needs_snapshots:
         return list(names)
     out: list[str] = []
     for name in names:
-        name = name if name in ("lfu", "probation") else "lru"
+        if name == "reuse-prompt-late":
+            name = "reuse-prompt"
+        elif name not in ("lfu", "probation", "reuse-prompt"):
+            name = "lru"
         if name not in out:
             out.append(name)
     return out

@@ -68,6 +68,8 @@ class RankedNode(Protocol):
     def forked(self) -> bool: ...
     @property
     def snapshots_below(self) -> int: ...
+    @property
+    def decoded(self) -> bool: ...
 
 
 class EvictionStrategy(Protocol):
@@ -159,6 +161,15 @@ class Ranked:
                              turn before its first reuse, so it is never a fixed default,
                              only a candidate the selector follows where its ghost leads
                              (``probation``, among the default candidates)
+        decoded_first        (layouts without state: ``idle_tails_first`` there) a page run
+                             a decode published that no request has gone through yet
+                             (``TreeNode.decoded``) ranks in class 0. Without state there
+                             is no snapshot to carry ``idle_tails_first``, and a decode's
+                             pages are the whole of an idle tail: where no later prompt
+                             enters a decode's output (a trace without conversation ids,
+                             a template that drops the thinking) they hold bytes no hit
+                             ever reads. With state the snapshot rule already does it (the
+                             tail goes dead when its snapshot goes), so it stays off there
 
     With every switch off it ranks exactly as :class:`LRU` does. Which candidate suits the
     traffic is not decided here: :class:`~hicache.tree.selector.PolicySelector` runs each
@@ -167,8 +178,9 @@ class Ranked:
 
     def __init__(self, name: str, *, superseded_first: bool = False, idle_tails_first: bool = False,
                  intermediate_first: bool = False, forks_last: bool = False, refresh_forks: bool = False,
-                 passed_only: bool = False, probation: bool = False):
+                 passed_only: bool = False, probation: bool = False, decoded_first: bool = False):
         self.name = name
+        self.decoded_first = decoded_first
         self.probation = probation
         self.superseded_first = superseded_first
         self.idle_tails_first = idle_tails_first
@@ -178,6 +190,8 @@ class Ranked:
         self.passed_only = passed_only
 
     def node_priority(self, node: RankedNode) -> tuple:
+        if self.decoded_first and node.decoded:
+            return (0, node.last_access)
         return (0.5 if self.probation and node.hit_count == 0 else 1, node.last_access)
 
     def snapshot_priority(self, node: RankedNode, snap: RankedSnapshot) -> tuple:
@@ -252,11 +266,18 @@ CANDIDATES: dict[str, dict[str, bool]] = {
 STRATEGIES: dict[str, type] = {"lru": LRU, "lfu": LFU, "value": Value}
 
 
-def get_strategy(name: str | EvictionStrategy) -> EvictionStrategy:
+def get_strategy(name: str | EvictionStrategy, *, stateless: bool = False) -> EvictionStrategy:
+    """The strategy called ``name`` (a strategy object is returned as it is).
+
+    ``stateless``: for a layout without state (MHA, MLA), where a candidate's
+    ``idle_tails_first`` ranks a decode's idle pages first (``decoded_first``) since there is
+    no snapshot to carry it. A tree is stateless or not for its whole life, so one name
+    still ranks alike within a tree."""
     if not isinstance(name, str):
         return name
     if name in CANDIDATES:
-        return Ranked(name, **CANDIDATES[name])
+        rules = CANDIDATES[name]
+        return Ranked(name, **rules, decoded_first=stateless and rules.get("idle_tails_first", False))
     try:
         return STRATEGIES[name]()
     except KeyError:

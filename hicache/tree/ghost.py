@@ -191,6 +191,7 @@ class GhostCache:
     def _taken(self, node: GhostNode) -> None:
         node.decoded = False
         self._branch(node.parent, 1)
+        self._push_page(node)   # a strategy may rank a decode's idle pages apart
 
     def _remove_leaf(self, node: GhostNode) -> None:
         if node.snapshot is not None:

@@ -160,6 +160,7 @@ class RadixTree:
         _set(node, "decoded", False)
         self._branch(node.parent, +1)
         self._watch.children_changed(node.parent)
+        self._watch.node_touched(node)   # a strategy may rank a decode's idle pages apart
 
     def node_at(self, path: PathMatch, pages: int) -> TreeNode:
         """The node ending exactly ``pages`` pages deep on ``path``, splitting one if needed."""

@@ -3,8 +3,9 @@
 to go: the previous turn's decode beside the next turn's prompt is not a fork."""
 
 from hicache.cache import Boundary
+from hicache.tree import device_victims
 
-from tests.cache.conftest import Engine, make_cache, node_of, toks
+from tests.cache.conftest import Engine, make_cache, mha_layout, node_of, toks
 
 
 def turn(eng: Engine, prompt, output_pages: tuple, release: bool = True):
@@ -84,3 +85,24 @@ def test_a_finish_that_publishes_the_prompt_too_marks_only_the_decode():
     assert not head.decoded and tail.decoded and head is not tail
     eng.cache.check_integrity()
     eng.cache.close()
+
+
+def test_without_state_a_decodes_idle_pages_go_first_until_a_request_goes_through_them():
+    # MHA: no snapshot carries idle_tails_first, so reuse-prompt ranks the decode's own
+    # pages first (decoded_first) while no request has gone through them; lru ranks by age.
+    for eviction, first in (("lru", 21), ("reuse-prompt", 7), ("probation", 7)):
+        cache = make_cache(mha_layout(), device_pages=6, host_pages=0, eviction=eviction,
+                           write_policy="write_back", storage="none://")
+        eng = Engine(cache)
+        eng.run(toks(21), why_last=Boundary.PROMPT_END)       # an older prompt-only page
+        turn(eng, toks(1, 2), (7,))                           # prompt 1 2, decode 7
+        tail, old = node_of(cache, toks(1, 2, 7)), node_of(cache, toks(21))
+        assert tail.decoded and not old.decoded
+        s = cache._policy.strategy
+        ranked = eviction != "lru"   # lru's key is the access time alone
+        assert not ranked or s.node_priority(tail)[0] == 0
+        assert next(iter(device_victims(cache._tree, s))) is (tail if first == 7 else old)
+        turn(eng, toks(1, 2, 7, 8), (9,))                     # a prompt goes on through 7
+        assert not tail.decoded and (not ranked or s.node_priority(tail)[0] == 1)
+        cache.check_integrity()
+        cache.close()

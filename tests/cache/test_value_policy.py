@@ -216,3 +216,22 @@ def test_a_former_branch_point_keeps_its_snapshot_for_the_next_sibling():
     assert cache.match(toks(1, 2, 3, 5, extra=1)).resume_tokens == 16
     cache.check_integrity()
     cache.close()
+
+
+def test_without_state_adaptive_runs_the_candidates_that_can_rank_differently():
+    # value and reuse rank as lru without snapshots; reuse-prompt and reuse-prompt-late both
+    # put a decode's idle pages first, so one of them stays; probation ranks by hits
+    cache = make_cache(mha_layout(), eviction="adaptive")
+    try:
+        names = [c.name for c in cache._policy._selector.candidates]
+        assert names == ["lru", "reuse-prompt", "probation"]
+        assert [getattr(c, "decoded_first", False) for c in cache._policy._selector.candidates] == [False, True, True]
+    finally:
+        cache.close()
+    cache = make_cache(eviction="adaptive")   # with state: every default candidate
+    try:
+        assert [c.name for c in cache._policy._selector.candidates] == [
+            "lru", "value", "reuse", "reuse-prompt", "reuse-prompt-late", "probation"]
+        assert not any(getattr(c, "decoded_first", False) for c in cache._policy._selector.candidates)
+    finally:
+        cache.close()

@@ -276,3 +276,25 @@ def test_a_publish_off_the_path_a_request_holds_keeps_its_pages():
     g.release(0)
     assert g.nodes[100].pins == 0
     g.check()
+
+
+def test_without_state_a_decodes_idle_pages_go_first_under_the_tail_rules():
+    # A stateless ghost ranks as the real tree does: reuse-prompt (and probation) put a
+    # decode's pages no request went through first; lru takes the oldest leaf.
+    for name, gone in (("lru", 21), ("reuse-prompt", 3), ("probation", 3)):
+        g = GhostCache(get_strategy(name, stateless=True), capacity_units=4, snapshot_units=0, stateless=True)
+        serve(g, "p", [21], kind=None)                  # an older prompt page
+        assert g.lookup("a", [1, 2]) == 0
+        g.publish("a", [1, 2, 3], "finish", False)      # page 3 is the decode's
+        g.release("a")
+        assert g.nodes[3].decoded and not g.nodes[21].decoded
+        serve(g, "x", [31], kind=None)                  # 5 pages: one goes
+        assert gone not in g.nodes and g.used == 4
+        g.check()
+
+
+def test_the_decoded_rule_is_for_layouts_without_state_only():
+    assert get_strategy("reuse-prompt", stateless=True).decoded_first
+    assert get_strategy("probation", stateless=True).decoded_first
+    assert not get_strategy("reuse-prompt").decoded_first          # the snapshot rule does it there
+    assert not get_strategy("reuse", stateless=True).decoded_first  # no idle_tails_first
