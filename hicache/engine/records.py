@@ -39,11 +39,11 @@ class EngineConfig:
     doc). ``verify``: how much of each page is written and checked
     (:data:`hicache.engine.contents.VerifyMode`). ``prefetch_ahead``: queued requests
     that get an L3 prefetch before admission (default ``max_running``); with
-    ``peer_hold`` (default): a queued request whose prefix a running request is still
-    computing waits for that request's chunk instead of computing the pages a second time
-    (:mod:`hicache.engine.peers`). ``expect_queued`` (default) the same head of the queue has its cached prefix kept warm
+    ``expect_queued`` (default) the same head of the queue has its cached prefix kept warm
     at every step (:meth:`HiCache.expect`), so what waits is not evicted before it is
-    admitted. ``clock``: the cost model of the virtual clock.
+    admitted. ``peer_hold`` (default): a queued request whose prefix a running request is
+    still computing waits for that request's chunk instead of computing the pages a second
+    time (:mod:`hicache.engine.peers`). ``clock``: the cost model of the virtual clock.
 
     ``copy_landing``: when the device <-> host copies a step launched are applied to the
     cache. ``step`` (default): every one lands by the end of its step (the engine waits
