@@ -13,10 +13,10 @@ from hicache.cache.l3tier import Prefetch
 from hicache.cache.lease import Lease
 from hicache.cache.metrics import PrometheusExporter
 from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
-from hicache.cache.results import CacheStats, MatchResult, PublishResult, SnapshotOutcome
+from hicache.cache.results import CacheStats, MatchResult, PublishResult, SnapshotOutcome, resumable_pages
 from hicache.cache.tokens import as_tokens
 from hicache.tree import Boundary, chunk_end
 
 __all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "SnapshotOutcome", "CacheStats", "Boundary", "chunk_end",
            "Prefetch", "PlacementPolicy", "ConfiguredPolicy", "PrometheusExporter", "as_tokens",
-           "admission_active"]
+           "admission_active", "resumable_pages"]

@@ -57,7 +57,7 @@ from hicache.cache.prefetches import Prefetches
 from hicache.cache.publisher import Publisher
 from hicache.cache.residency import Residency
 from hicache.cache.routing import Router
-from hicache.cache.results import CacheStats, MatchResult, PublishResult
+from hicache.cache.results import CacheStats, MatchResult, PublishResult, resumable_pages
 from hicache.cache.tokens import as_tokens
 from hicache.config import HiCacheConfig, load_config
 from hicache.errors import MisuseError
@@ -141,7 +141,7 @@ class HiCache:
 
     # -- lookup -------------------------------------------------------------------------------
     def _max_pages(self, tokens: np.ndarray) -> int:
-        return max(len(tokens) - 1, 0) // self.page_tokens
+        return resumable_pages(len(tokens), self.page_tokens)
 
     def match(self, tokens: object, *, salt: str | bytes | None = None) -> MatchResult:
         """Find the usable prefix of ``tokens`` across the device and host tiers.

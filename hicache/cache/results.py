@@ -23,6 +23,12 @@ class SnapshotOutcome(str, Enum):
     DUPLICATE = "duplicate"      # an equal snapshot was there: the offered row was freed
 
 
+def resumable_pages(prompt_tokens: int, page_tokens: int) -> int:
+    """Whole pages of a ``prompt_tokens``-token prompt a request may resume past: all but
+    the last token, at least, is left to compute (``MatchResult.resume_tokens``)."""
+    return max(prompt_tokens - 1, 0) // page_tokens
+
+
 @dataclass(frozen=True)
 class MatchResult:
     """What the cache holds for a token sequence (a pure lookup: nothing is locked).

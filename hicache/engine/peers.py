@@ -31,6 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
+from hicache.cache import resumable_pages
 from hicache.engine.records import EngineRequest, Job
 
 
@@ -54,14 +55,13 @@ class PeerHold:
         assert page_tokens > 0
         self.P = page_tokens
         self.stateful = stateful
-        self.holds = 0   # (request, step) pairs that waited: for the report
 
     def blocker(self, req: EngineRequest, running: Sequence[Job]) -> Job | None:
         """The running request computing pages of ``req``'s prompt that ``req`` could
         resume from once published, or None. Marks the shared prefix's end as that
         peer's fork (stateful layouts)."""
         prompt = np.asarray(req.prompt)
-        limit = max(len(prompt) - 1, 0) // self.P   # at least one token is computed
+        limit = resumable_pages(len(prompt), self.P)
         if limit == 0:
             return None
         for job in running:
@@ -74,6 +74,5 @@ class PeerHold:
             if (self.stateful and fork < job.prompt_len // self.P * self.P   # not its prompt end
                     and not (job.done < job.branch < fork)):
                 job.branch = fork
-            self.holds += 1
             return job
         return None

@@ -70,7 +70,7 @@ class Scheduler:
         self.cfg = cfg
         self.clock = cfg.clock
         self.P = executor.page_tokens
-        points = getattr(executor, "resume_points", None)
+        points = executor.resume_points
         self.peers = PeerHold(self.P, points == "snapshots") if cfg.peer_hold and points is not None else None
         self.progress = progress
         # called as a turn ends (finished or rejected), with the request and the clock: a
@@ -125,7 +125,6 @@ class Scheduler:
             self.ex.close()
         rep = self.report
         rep.records = [self.records[k] for k in sorted(self.records)]
-        rep.peer_holds = self.peers.holds if self.peers is not None else 0
         rep.verified_pages = sum(r.verified_pages for r in rep.records)
         rep.mismatched_pages = sum(r.mismatched_pages for r in rep.records)
         rep.virtual_s = self.now
@@ -133,8 +132,6 @@ class Scheduler:
 
     def _reset(self, requests: Sequence) -> None:
         self.report = EngineReport()
-        if self.peers is not None:
-            self.peers.holds = 0
         self.records: dict[int, RequestRecord] = {}
         self.now = self.prev_now = 0.0
         self.charged = self.ex.moved()   # copy bytes already charged to the clock (h2d, d2h)
@@ -193,6 +190,7 @@ class Scheduler:
                 if self._prefetch(req) > self.now:
                     continue  # its prefetch policy waits for the fetch: others go first
                 if self.peers is not None and self.peers.blocker(req, self.running) is not None:
+                    self.report.peer_holds += 1
                     continue  # a running request computes its prefix: it resumes there later
                 source.remove(req)
                 self._start(req)
