@@ -135,6 +135,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-expect-queued", dest="expect_queued", action="store_false",
                    help="do not keep the cached prefixes of the queue's head warm while they wait "
                         "(HiCache.expect each step; on by default)")
+    p.add_argument("--warm-queue-every", type=int, default=None, metavar="STEPS",
+                   help="every STEPS steps keep warm the queued requests past the head too, front "
+                        "first, while their prompts add up to no more pages than the cache holds "
+                        "(default 8; 0: the head only)")
     p.add_argument("--no-peer-hold", dest="peer_hold", action="store_false",
                    help="admit a queued request even while a running request is still computing its "
                         "prefix (by default it waits for that request's chunk, then resumes from it)")
@@ -268,9 +272,10 @@ def engine_config(args: argparse.Namespace, path: Path):
             flags[key] = v * scale
     clock = clock_from_mapping(read_config_file(path).get("engine"), source=str(path), **flags)
     verify = contents.check_mode(args.verify or ("off" if args.bytes == "none" else "sample"))
+    warm = {} if args.warm_queue_every is None else {"warm_queue_every": args.warm_queue_every}
     return EngineConfig(max_running=args.max_running, admission=args.admission, verify=verify,
                         copy_landing=args.copy_landing, expect_queued=args.expect_queued,
-                        peer_hold=args.peer_hold, clock=clock)
+                        peer_hold=args.peer_hold, clock=clock, **warm)
 
 
 @dataclass

@@ -120,6 +120,7 @@ class CacheExecutor:
         self.device_pages = cache.pools.device.capacity("page")
         self.request_overhead_pages = snapshot_overhead_pages(cache)
         self.request_slots = request_slots(cache)
+        self.cache_pages = int(cache.pools.plan.page_units()[0])   # device + host bytes, in pages
         self.resume_points: str | None = "snapshots" if cache.layout.has_state else "pages"
         # write_back copies a page to the host when the device evicts it, before the row
         # is reused: on the critical path. Write-through backups run beside the compute.

@@ -41,7 +41,12 @@ class EngineConfig:
     that get an L3 prefetch before admission (default ``max_running``); with
     ``expect_queued`` (default) the same head of the queue has its cached prefix kept warm
     at every step (:meth:`HiCache.expect`), so what waits is not evicted before it is
-    admitted. ``peer_hold`` (default): a queued request whose prefix a running request is
+    admitted; every ``warm_queue_every`` steps (0: never) the rest of the queue is kept
+    warm too, front first, as far as the prompts of the requests up to it add up to no
+    more pages than the cache holds (device and host, ``Executor.cache_pages``): a request
+    further back waits behind more than the cache can hold, so its chain is evicted by the
+    queue ahead of it whatever is touched, and touching it would only push out the chains
+    that come back sooner (docs/policy.md, "The queue kept warm"). ``peer_hold`` (default): a queued request whose prefix a running request is
     still computing waits for that request's chunk instead of computing the pages a second
     time (:mod:`hicache.engine.peers`). ``clock``: the cost model of the virtual clock.
 
@@ -63,6 +68,7 @@ class EngineConfig:
     admission: str = "reserve"
     prefetch_ahead: int | None = None
     expect_queued: bool = True
+    warm_queue_every: int = 8
     peer_hold: bool = True
     copy_landing: CopyLanding = "step"
     clock: ClockConfig = field(default_factory=ClockConfig)
@@ -75,6 +81,7 @@ class EngineConfig:
         if self.verify not in VERIFY_MODES:
             raise ConfigError("verify", self.verify, f"must be one of {list(VERIFY_MODES)}")
         check_int("prefetch_ahead", self.prefetch_ahead, minimum=0, optional=True)
+        check_int("warm_queue_every", self.warm_queue_every, minimum=0)
         if self.copy_landing not in COPY_LANDINGS:
             raise ConfigError("copy_landing", self.copy_landing, f"must be one of {list(COPY_LANDINGS)}")
 
@@ -167,6 +174,7 @@ class Executor(Protocol):
     device_pages: int
     request_overhead_pages: int   # device pages' worth of other bytes a running request pins
     request_slots: int | None     # running requests the device's state rows serve (None: no limit)
+    cache_pages: int              # pages the cache holds, device and host (0: no cache)
     blocking_d2h: bool
     resume_points: str | None     # "pages" (no state), "snapshots" (hybrid), None: no cache to resume from
 
@@ -192,6 +200,7 @@ class NullExecutor:
 
     blocking_d2h = False
     resume_points: str | None = None
+    cache_pages = 0
 
     def __init__(self, page_tokens: int, device_pages: int, request_overhead_pages: int = 0,
                  request_slots: int | None = None):

@@ -7,7 +7,9 @@ would cost on the modelled server (:mod:`hicache.engine.clock`)::
     arrive:  requests whose arrival time has come join the queue (a conversation's next
              turn waits for the previous turn's finish); prefetches start for the first
              ``prefetch_ahead`` queued requests, whose cached prefixes count as used
-             (``expect_queued``: each step, so they are not evicted while they wait)
+             (``expect_queued``: each step, so they are not evicted while they wait;
+             every ``warm_queue_every`` steps the queue up to the cache's size in prompt
+             pages too)
     admit:   first come, first served while the device can hold what is running, pages
              and one state row each (``reserve``), or up to ``max_running`` (``greedy``);
              a request whose prefetch policy makes it wait is passed over until its fetch
@@ -159,13 +161,29 @@ class Scheduler:
             self.busy.add(conv)
             self.ready_s[req.request_id] = req.arrival_s
             self.queue.append(req)
-        head = (self.retry + self.queue)[:self.cfg.lookahead]
+        waiting = self.retry + self.queue
+        head = waiting[:self.cfg.lookahead]
         for req in head:
             self._prefetch(req)
         if self.cfg.expect_queued:
+            every = self.cfg.warm_queue_every
+            if every and self.report.steps % every == 0:
+                head = waiting[:max(len(head), self._warm_horizon(waiting))]
             for req in reversed(head):   # the next to be admitted is the most recent
                 self.ex.expect(req)
         self.prev_now = self.now
+
+    def _warm_horizon(self, waiting: list) -> int:
+        """How many queued requests, front first, have prompts that add up to no more pages
+        than the cache holds (``EngineConfig.warm_queue_every``)."""
+        budget = self.ex.cache_pages * self.ex.page_tokens
+        n = 0
+        for req in waiting:
+            budget -= len(req.prompt)
+            if budget < 0:
+                break
+            n += 1
+        return n
 
     def _prefetch(self, req) -> float:
         """When ``req`` may be admitted, per its prefetch (started here if not yet)."""
