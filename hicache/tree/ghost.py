@@ -25,10 +25,13 @@ What a ghost holds::
     lookup    hit = the deepest page boundary on the cached prefix with a snapshot
               (history must cover the prefix, state sits at the resume point); the path
               and that snapshot are touched, the snapshot counts ``resumed``, those on
-              the path above it ``passed``; the path is pinned for the request
+              the path above it ``passed``; the path is pinned for the request; where
+              the prompt leaves the ghost's history past that point is its fork
     publish   pages added (re-added when the ghost had evicted them) and pinned, a
               decode's marked ``decoded`` until a request goes through them; the snapshot
-              attached with the boundary's kind
+              attached with the boundary's kind; once past the request's fork, a
+              ``branch`` snapshot there if it has none (the engine leaves one where its
+              own tree forks: each ghost takes the forks of its own tree)
     expect    the resume path and snapshot touched (a queued request), nothing pinned
     release   the request's pins go
     evict     while over capacity: the smallest of
@@ -119,6 +122,7 @@ class GhostCache:
         self._held: dict[object, list[GhostNode]] = {}   # request -> nodes it pins (one pin each)
         self._snap_held: dict[object, list[GhostNode | None]] = {}   # request -> [resume node, newest published]
         self._prompt: dict[object, int] = {}   # request -> its prompt's whole pages
+        self._fork: dict[object, int] = {}     # request -> where its prompt leaves this ghost's history
 
     # -- order -------------------------------------------------------------------------------
     def _push_page(self, node: GhostNode) -> None:
@@ -261,8 +265,10 @@ class GhostCache:
         returns the pages the ghost would resume from, touches and pins that path.
         ``prompt_pages``: the prompt's whole pages (default ``len(keys)``): what the
         request publishes at its decode's end past them is the decode's."""
-        self._prompt[request] = len(keys) if prompt_pages is None else prompt_pages
+        self._prompt[request] = prompt = len(keys) if prompt_pages is None else prompt_pages
         path, resume = self._walk(keys)
+        if not self.stateless and resume < len(path) < prompt:
+            self._fork[request] = len(path)   # MatchResult.branch_tokens, of this ghost's tree
         self._touch(path, resume, hit=True)
         held = self._held.setdefault(request, [])
         for i in range(resume):
@@ -334,6 +340,16 @@ class GhostCache:
                 if node.decoded and depth <= decode_from:
                     self._taken(node)             # a prompt went on through a decode's pages
             parent = node
+        fork = self._fork.get(request)
+        if fork is not None and len(keys) >= fork:
+            # The engine leaves a snapshot where the prompt leaves the cached history
+            # (Boundary.BRANCH), at the fork *its* tree shows. A ghost takes the fork its
+            # own tree shows: offered only the real tree's, a ghost of LRU fed a cache
+            # following another order lost the snapshots of hot shared prefixes (a task
+            # prompt, a RAG instruction) the real cache and the other ghosts kept.
+            del self._fork[request]
+            if nodes[keys[fork - 1]].snapshot is None:
+                self._attach(nodes[keys[fork - 1]], "branch")
         slots = self._snap_held.get(request)
         if slots is not None and slots[0] is not None and len(keys) > slots[0].depth:
             self._hold_snapshot(request, 0, None)   # published past its resume point: its engine has read it
@@ -351,6 +367,7 @@ class GhostCache:
             if held is not None:
                 held.spins -= 1
         self._prompt.pop(request, None)
+        self._fork.pop(request, None)
 
     # -- eviction ----------------------------------------------------------------------------
     def _top(self, heap: list[tuple], snaps: bool, held: list[tuple]) -> tuple | None:

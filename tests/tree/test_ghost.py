@@ -75,6 +75,31 @@ def test_a_running_request_pins_its_path_and_its_two_snapshots_only():
     assert g.used <= 8
 
 
+def test_a_ghost_leaves_a_snapshot_where_a_prompt_leaves_its_own_history():
+    """The engine snapshots a fork its tree shows (MatchResult.branch_tokens); a ghost
+    takes the forks of its own tree, whatever the real cache offered."""
+    g = GhostCache(LRU(), capacity_units=100, snapshot_units=1)
+    assert serve(g, "a", [1, 2, 3, 4]) == 0            # a snapshot at 4 only
+    assert g.lookup("b", [1, 2, 7, 8]) == 0            # leaves the history at 2: its fork
+    g.publish("b", [1, 2, 7, 8], "prompt_end", True)
+    g.release("b")
+    assert g.nodes[2].snapshot is not None and g.nodes[2].snapshot.kind == "branch"
+    assert serve(g, "c", [1, 2, 9, 10]) == 2            # the next task resumes at the fork
+    assert g.nodes[1].snapshot is None                  # nowhere else
+    # no fork past the prompt's last whole page, or where the walk ends at the resume point
+    h = GhostCache(LRU(), capacity_units=100, snapshot_units=1)
+    serve(h, "a", [1, 2, 3, 4])
+    assert h.lookup("d", [1, 2, 3], prompt_pages=3) == 0   # history 3 = the prompt's pages
+    h.publish("d", [1, 2, 3], "prompt_end", True)
+    h.release("d")
+    assert h.nodes[2].snapshot is None
+    h.check()
+    # without state every page is a resume point: no fork to keep
+    s = GhostCache(LRU(), capacity_units=100, snapshot_units=0, stateless=True)
+    serve(s, "a", [1, 2, 3, 4], kind=None)
+    assert serve(s, "b", [1, 2, 7, 8], kind=None) == 2 and s.nodes[2].snapshot is None
+
+
 def test_superseded_first_gives_up_a_snapshot_the_chain_has_moved_past():
     # conversation A: turn 0 publishes a snapshot at 2; turn 1 resumes there and goes on to
     # 4. A's snapshot at 2 is superseded; B's (older, never resumed) is not.
