@@ -46,9 +46,10 @@ class EngineConfig:
     more pages than the cache holds (device and host, ``Executor.cache_pages``): a request
     further back waits behind more than the cache can hold, so its chain is evicted by the
     queue ahead of it whatever is touched, and touching it would only push out the chains
-    that come back sooner (docs/policy.md, "The queue kept warm"). ``peer_hold`` (default): a queued request whose prefix a running request is
-    still computing waits for that request's chunk instead of computing the pages a second
-    time (:mod:`hicache.engine.peers`). ``clock``: the cost model of the virtual clock.
+    that come back sooner (docs/policy.md, "The waiting queue's head kept warm").
+    ``peer_hold`` (default): a queued request whose prefix a running request is still
+    computing waits for that request's chunk instead of computing the pages a second time
+    (:mod:`hicache.engine.peers`). ``clock``: the cost model of the virtual clock.
 
     ``copy_landing``: when the device <-> host copies a step launched are applied to the
     cache. ``step`` (default): every one lands by the end of its step (the engine waits
