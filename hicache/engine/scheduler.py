@@ -176,7 +176,7 @@ class Scheduler:
     def _warm_horizon(self, waiting: list) -> int:
         """How many queued requests, front first, have prompts that add up to no more pages
         than the cache holds (``EngineConfig.warm_queue_every``)."""
-        budget = self.ex.cache_pages * self.ex.page_tokens
+        budget = self.ex.cache_pages * self.P
         n = 0
         for req in waiting:
             budget -= len(req.prompt)
