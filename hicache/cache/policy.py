@@ -231,9 +231,10 @@ def _distinct_candidates(names: Sequence[str], needs_snapshots: bool) -> list[st
 class _PageKeys:
     """Ghost keys of a token array's whole pages, computed once per array and extended as it
     is published further (a lease publishes the same prompt + output array several times;
-    the engine expects the same queued prompt every step). Keeps the last arrays seen."""
+    the engine expects the same queued prompt every step). Keeps the arrays used last (a
+    warm round of a long queue passes many more arrays than the head that comes back)."""
 
-    _KEEP = 256
+    _KEEP = 1024
 
     def __init__(self, page_tokens: int):
         self._P = page_tokens
@@ -241,11 +242,13 @@ class _PageKeys:
 
     def of(self, tokens: np.ndarray, pages: int, root: bytes = ROOT_HASH) -> list[int]:
         first = int.from_bytes(root[:8], "little")   # 0 for the shared root: the keys of old
-        hit = self._seen.get((id(tokens), first))
+        at = (id(tokens), first)
+        hit = self._seen.pop(at, None)
         if hit is not None and hit[0] is tokens and len(hit[1]) >= pages:
+            self._seen[at] = hit   # the most recent again: the least recent goes first
             return hit[1][:pages]
         keys = page_keys(tokens, self._P, max(pages, len(tokens) // self._P), first)
         if len(self._seen) >= self._KEEP:
             self._seen.pop(next(iter(self._seen)))
-        self._seen[(id(tokens), first)] = (tokens, keys)
+        self._seen[at] = (tokens, keys)
         return keys[:pages]

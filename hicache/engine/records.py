@@ -46,7 +46,9 @@ class EngineConfig:
     more pages than the cache holds (device and host, ``Executor.cache_pages``): a request
     further back waits behind more than the cache can hold, so its chain is evicted by the
     queue ahead of it whatever is touched, and touching it would only push out the chains
-    that come back sooner (docs/policy.md, "The waiting queue's head kept warm").
+    that come back sooner; a round that would walk more than ``WARM_WORK`` times the
+    tokens the engine computes between rounds spaces the next out by the ratio (a bounded
+    cost; docs/policy.md, "The waiting queue's head kept warm").
     ``peer_hold`` (default): a queued request whose prefix a running request is still
     computing waits for that request's chunk instead of computing the pages a second time
     (:mod:`hicache.engine.peers`). ``clock``: the cost model of the virtual clock.

@@ -9,7 +9,8 @@ would cost on the modelled server (:mod:`hicache.engine.clock`)::
              ``prefetch_ahead`` queued requests, whose cached prefixes count as used
              (``expect_queued``: each step, so they are not evicted while they wait;
              every ``warm_queue_every`` steps the queue up to the cache's size in prompt
-             pages too)
+             pages too, spaced further when that is more than ``WARM_WORK`` times the
+             tokens computed between rounds)
     admit:   first come, first served while the device can hold what is running, pages
              and one state row each (``reserve``), or up to ``max_running`` (``greedy``);
              a request whose prefetch policy makes it wait is passed over until its fetch
@@ -56,6 +57,12 @@ class _StepWork:
     first_tokens: list = field(default_factory=list)
     finished: list = field(default_factory=list)
     released: list = field(default_factory=list)
+
+
+# A warm round of the queue walks at most this many times the tokens the engine can compute
+# between two rounds; a longer horizon (a large cache behind a long queue) spaces the rounds
+# out by the ratio instead, so keeping the queue warm costs a bounded share of the replay.
+WARM_WORK = 4
 
 
 def _arrival_order(req) -> tuple:
@@ -134,6 +141,7 @@ class Scheduler:
 
     def _reset(self, requests: Sequence) -> None:
         self.report = EngineReport()
+        self._warm_at = 0          # the first step a warm round of the queue may run again
         self.records: dict[int, RequestRecord] = {}
         self.now = self.prev_now = 0.0
         self.charged = self.ex.moved()   # copy bytes already charged to the clock (h2d, d2h)
@@ -167,23 +175,27 @@ class Scheduler:
             self._prefetch(req)
         if self.cfg.expect_queued:
             every = self.cfg.warm_queue_every
-            if every and self.report.steps % every == 0:
-                head = waiting[:max(len(head), self._warm_horizon(waiting))]
+            steps = self.report.steps
+            if every and steps % every == 0 and steps >= self._warm_at:
+                n, tokens = self._warm_horizon(waiting)
+                head = waiting[:max(len(head), n)]
+                rounds = -(-tokens // (WARM_WORK * every * self.cfg.step_tokens))
+                self._warm_at = steps + every * (rounds - 1)
             for req in reversed(head):   # the next to be admitted is the most recent
                 self.ex.expect(req)
         self.prev_now = self.now
 
-    def _warm_horizon(self, waiting: list) -> int:
+    def _warm_horizon(self, waiting: list) -> tuple[int, int]:
         """How many queued requests, front first, have prompts that add up to no more pages
-        than the cache holds (``EngineConfig.warm_queue_every``)."""
+        than the cache holds (``EngineConfig.warm_queue_every``), and their prompt tokens."""
         budget = self.ex.cache_pages * self.P
-        n = 0
+        n = tokens = 0
         for req in waiting:
-            budget -= len(req.prompt)
-            if budget < 0:
+            if tokens + len(req.prompt) > budget:
                 break
+            tokens += len(req.prompt)
             n += 1
-        return n
+        return n, tokens
 
     def _prefetch(self, req) -> float:
         """When ``req`` may be admitted, per its prefetch (started here if not yet)."""

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hicache.engine.records import EngineConfig, NullExecutor
-from hicache.engine.scheduler import Scheduler
+from hicache.engine.scheduler import WARM_WORK, Scheduler
 from hicache.engine.workloads.request import Request
 from hicache.errors import ConfigError
 
@@ -33,13 +33,15 @@ class Recording(NullExecutor):
         return super().admit(job, now, first)
 
 
-def run(cache_pages: int, every: int, prompt_pages=(2, 2, 2, 2, 2)) -> dict[int, list[int]]:
+def run(cache_pages: int, every: int, prompt_pages=(2, 2, 2, 2, 2),
+        step_tokens: int = 16384) -> dict[int, list[int]]:
     """Per step, the ids expected at its start, in call order."""
     out = np.arange(3, dtype=np.int32) + 900
     reqs = [Request(i, f"c{i}", 0, 0.0, np.arange(n * P, dtype=np.int32) + 100 * i, out)
             for i, n in enumerate(prompt_pages)]
     ex = Recording(cache_pages)
-    sched = Scheduler(ex, EngineConfig(max_running=1, prefetch_ahead=1, warm_queue_every=every))
+    sched = Scheduler(ex, EngineConfig(max_running=1, prefetch_ahead=1, warm_queue_every=every,
+                                                step_tokens=step_tokens))
     ex.sched = sched
     sched.run(reqs)
     assert ex.admitted == list(range(len(reqs)))
@@ -71,6 +73,20 @@ def test_without_the_period_or_the_room_only_the_head_is_warm():
 def test_a_larger_cache_warms_further_back():
     assert run(cache_pages=9, every=2)[0] == [3, 2, 1, 0]   # 8 pages of prompts fit in 9
     assert run(cache_pages=100, every=2)[0] == [4, 3, 2, 1, 0]
+
+
+def test_a_round_longer_than_the_engine_computes_between_rounds_spaces_the_rounds_out():
+    # one page a step, a round every 2 steps: a round may walk WARM_WORK * 2 steps * 4 tokens
+    # = 32 tokens (8 pages); five 4-page prompts (80 tokens) fill three rounds' worth
+    assert WARM_WORK == 4
+    steps = run(cache_pages=100, every=2, prompt_pages=(4, 4, 4, 4, 4), step_tokens=P)
+    full = {s: ids for s, ids in steps.items() if len(ids) > 1}
+    assert full == {0: [4, 3, 2, 1, 0],   # 80 tokens: 3 rounds' worth, the next at step 0 + 2 * 2
+                    4: [4, 3, 2, 1],      # 64: 2 rounds' worth, the next at 6
+                    6: [4, 3, 2], 8: [4, 3, 2], 10: [4, 3, 2],   # 48: 2 each
+                    12: [4, 3], 14: [4, 3]}   # 32 tokens: one round's worth, every 2 steps again
+    # with room for the whole queue in one round, every 2 steps as before
+    assert [s for s, ids in run(100, 2, (4, 4, 4, 4, 4), step_tokens=64).items() if len(ids) > 1] == [0, 2, 4, 6]
 
 
 def test_a_negative_period_is_refused_naming_the_field():
