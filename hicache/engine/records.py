@@ -47,7 +47,7 @@ class EngineConfig:
     further back waits behind more than the cache can hold, so its chain is evicted by the
     queue ahead of it whatever is touched, and touching it would only push out the chains
     that come back sooner; a round that would walk more than ``WARM_WORK`` times the
-    tokens the engine computes between rounds spaces the next out by the ratio (a bounded
+    tokens the engine can compute between rounds spaces the next out by the ratio (a bounded
     cost; docs/policy.md, "The waiting queue's head kept warm").
     ``peer_hold`` (default): a queued request whose prefix a running request is still
     computing waits for that request's chunk instead of computing the pages a second time

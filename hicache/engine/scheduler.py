@@ -10,7 +10,7 @@ would cost on the modelled server (:mod:`hicache.engine.clock`)::
              (``expect_queued``: each step, so they are not evicted while they wait;
              every ``warm_queue_every`` steps the queue up to the cache's size in prompt
              pages too, spaced further when that is more than ``WARM_WORK`` times the
-             tokens computed between rounds)
+             tokens the engine can compute between rounds)
     admit:   first come, first served while the device can hold what is running, pages
              and one state row each (``reserve``), or up to ``max_running`` (``greedy``);
              a request whose prefetch policy makes it wait is passed over until its fetch
