@@ -154,15 +154,18 @@ class ConfiguredPolicy:
     def worth_demoting(self, node: TreeNode) -> bool:
         # A dead tail (no child, no snapshot at its end) can never be resumed: on the host
         # it would only take the place of pages that can. lru and lfu keep their old rule
-        # (every victim goes down), so they stay what they were for comparison.
+        # (every victim goes down), so they stay what they were for comparison -- and so
+        # adaptive, while it follows one of them, is that policy exactly: its floor is
+        # `--eviction lru` itself, not LRU's order with another policy's demotion rule.
         if not self._needs_snapshots or self._plain():
             return True
         snap = node.snapshot
         return bool(node.children) or (snap is not None and not snap.empty)
 
     def _plain(self) -> bool:
-        """A fixed lru / lfu order: every write_back victim is demoted, as before."""
-        return self._selector is None and not isinstance(self._fixed, Ranked)
+        """The order followed now is lru / lfu (fixed, or adaptive's choice): every
+        write_back victim is demoted, as under ``--eviction lru``."""
+        return not isinstance(self.strategy, Ranked)
 
     def passed_snapshots(self, chain: Sequence[TreeNode]) -> list[Snapshot]:
         # A branch point's snapshot (a node where requests diverged, even if its other
