@@ -51,8 +51,10 @@ class TreeConfig:
     hit rates; never under a tenth of the page margin; 0 turns it off). With
     ``adaptive_floor`` (and ``lru`` among the candidates) a followed candidate whose ghost
     hit less than LRU's over the window is left at once, for the candidate that hit most
-    in it. No switch before ``adaptive_window`` lookups: the first candidate (``lru`` in
-    the defaults) is followed until the ghosts' scores cover a whole window
+    in it, and only a candidate whose ghost hit at least as much as LRU's over the last
+    ``adaptive_record`` windows is taken at all. No switch before ``adaptive_window``
+    lookups: the first candidate (``lru`` in the defaults) is followed until the ghosts'
+    scores cover a whole window
     (:mod:`hicache.tree.selector`, docs/policy.md).
     """
 
@@ -63,6 +65,7 @@ class TreeConfig:
     adaptive_margin: float = 0.03
     adaptive_margin_hits: float = 0.1
     adaptive_floor: bool = True
+    adaptive_record: int = 4
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
@@ -81,6 +84,7 @@ class TreeConfig:
         check_number("adaptive_margin_hits", self.adaptive_margin_hits, positive=False, minimum=0.0, maximum=1.0,
                      reason="must be a fraction of the followed candidate's hits, 0 to 1")
         check_bool("adaptive_floor", self.adaptive_floor)
+        check_int("adaptive_record", self.adaptive_record, minimum=1, reason="must be a positive number of windows")
 
 
 @dataclass(frozen=True)
@@ -234,6 +238,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "adaptive_margin": ("tree", "adaptive_margin", None),
     "adaptive_margin_hits": ("tree", "adaptive_margin_hits", None),
     "adaptive_floor": ("tree", "adaptive_floor", None),
+    "adaptive_record": ("tree", "adaptive_record", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
     "host_tier": ("write", "host_tier", None),

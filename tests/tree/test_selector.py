@@ -122,10 +122,11 @@ class Scripted:
 
 
 def scripted(phases: list[list[tuple[int, float]]], margin: float = 0.03, margin_hits: float = 0.1,
-             window: int = 10, floor: str | None = None) -> PolicySelector:
+             window: int = 10, floor: str | None = None, record_windows: int = 4) -> PolicySelector:
     """A selector over ``lru`` and candidates ``c1``, ``c2``, ... whose ghosts are scripted."""
     sel = PolicySelector([LRU(), *(Ranked(f"c{i}") for i in range(1, len(phases)))], capacity_units=10,
-                         snapshot_units=1, window=window, margin=margin, margin_hits=margin_hits, floor=floor)
+                         snapshot_units=1, window=window, margin=margin, margin_hits=margin_hits, floor=floor,
+                         record_windows=record_windows)
     sel.ghosts = [Scripted(p) for p in phases]
     return sel
 
@@ -191,6 +192,28 @@ def test_a_candidate_under_the_floor_is_left_for_the_best_one_lately():
     assert follow(scripted(phases, floor="lru"), 60)[-1] == "lru"
     phases[1] = [(0, 12.0), (20, 9.9)]
     assert set(follow(scripted(phases, floor=None), 60)[9:]) == {"c1"}
+
+
+def test_with_the_floor_a_window_lead_is_trusted_only_from_a_candidate_not_behind_lru_over_the_record():
+    # c1 trails LRU by 20% for 30 lookups, then leads by 20%. Its window lead passes the
+    # margin (10 pages: 10% of LRU's 100) at lookup 37, but over the record (4 windows, 40
+    # lookups) it sums 204 + 4 i against LRU's 400: not behind from lookup 49, taken there.
+    phases = [[(0, 10.0)], [(0, 8.0), (30, 12.0)]]
+    names = follow(scripted(phases, floor="lru"), 80)
+    assert names.index("c1") == 49 and set(names[49:]) == {"c1"}
+    # a record of one window is the window itself: taken at 37, as without a floor
+    assert follow(scripted(phases, floor="lru", record_windows=1), 80).index("c1") == 37
+    assert follow(scripted(phases, floor=None), 80).index("c1") == 37
+
+
+def test_a_followed_candidate_is_not_left_for_one_behind_lru_over_the_record():
+    # c2 is taken at lookup 9 (a steady 15% lead); from 30 on c1 leads it by 26%, past the
+    # margin at lookup 37, but c1 trailed LRU before: over the record it sums 131.5 + 6.5 i
+    # against LRU's 400, so c2 is kept until 42
+    phases = [[(0, 10.0)], [(0, 8.0), (30, 14.5)], [(0, 11.5)]]
+    names = follow(scripted(phases, floor="lru"), 80)
+    assert names[9:42] == ["c2"] * 33 and names[42:] == ["c1"] * 38
+    assert follow(scripted(phases, floor="lru", record_windows=1), 80).index("c1") == 37
 
 
 def test_the_floor_must_be_a_candidate():
