@@ -2,7 +2,7 @@
 
 Each configuration is a ``hicache stress`` command line drawn at random over layouts, write
 policies, host tiers, eviction strategies (``adaptive`` among them, switching between its
-candidates over a short window), retention, snapshot slots, transfer queue sizes (1 to
+candidates over a short window, with or without the floor, records of 1 to 4 windows), retention, snapshot slots, transfer queue sizes (1 to
 4096), concurrency, tier sizes, L3 prefetch and injected copy faults. It runs in a
 worker process exactly as a user would type it (``hicache.cli.main.main``), so any failure
 is reproduced by the command line the sweep prints::
@@ -52,7 +52,8 @@ def draw(rng: random.Random, ops: int) -> list[str]:
             "--prefetch", str(rng.choice([0.0, 0.3, 0.6, 0.9])),
             "--fault-rate", str(rng.choice([0.0, 0.0, 0.02, 0.1])),
             "--budget", rng.choice(["split", "shared"]),
-            "--adaptive-window", str(rng.choice([4, 16, 64]))]
+            "--adaptive-window", str(rng.choice([4, 16, 64])),
+            "--adaptive-floor", rng.choice(["on", "on", "off"]), "--adaptive-record", str(rng.choice([1, 2, 4]))]
     if hybrid:
         page_tokens = 16 if layout == "tiny-hybrid" else 256
         retention = rng.choice(["none", "0", str(page_tokens * rng.randint(1, 4))])
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     first = None
     tty = sys.stderr.isatty()
     by_layout: dict[str, int] = {}
+    by_eviction: dict[str, int] = {}
     with mp.get_context("spawn").Pool(a.jobs, maxtasksperchild=20) as pool:
         pending = [pool.apply_async(run_one, (draw(rng, a.ops),)) for _ in range(a.jobs * 2)]
         while pending:
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 total[k] += res[k]
             layout = res["args"][1]
             by_layout[layout] = by_layout.get(layout, 0) + 1
+            eviction = res["args"][res["args"].index("--eviction") + 1]
+            by_eviction[eviction] = by_eviction.get(eviction, 0) + 1
             if res["failed"] and first is None:
                 first = {"command": command(res["args"]), "error": res["error"]}
             if log:
@@ -126,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() < deadline:
                 pending.append(pool.apply_async(run_one, (draw(rng, a.ops),)))
     print(file=sys.stderr)
-    summary = {**total, "minutes": a.minutes, "seed": a.seed, "by_layout": by_layout, "first_failure": first}
+    summary = {**total, "minutes": a.minutes, "seed": a.seed, "by_layout": by_layout, "by_eviction": by_eviction,
+               "first_failure": first}
     if a.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -3,7 +3,9 @@
     hicache stress --config PATH [--ops N] [--seed S | --seeds A-B] [--max-running N]
                    [--device-pages N] [--host-pages N] [--device-snapshots N] [--host-snapshots N]
                    [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu|value]
-                   [--retention N|none] [--candidates P,P] [--adaptive-window N] [--max-queued-ops N] [--prefetch F] [--fault-rate F] [--json]
+                   [--retention N|none] [--candidates P,P] [--adaptive-window N]
+                   [--adaptive-floor on|off] [--adaptive-record W] [--max-queued-ops N] [--prefetch F]
+                   [--fault-rate F] [--json]
 
 Every knob a random sweep varies is a flag, so a failing configuration found by a sweep is
 one command line away. ``--seeds A-B`` runs each seed on a fresh cache and prints one
@@ -59,6 +61,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-window", type=int, default=16, metavar="N",
                    help="eviction adaptive: lookups the ghosts are compared over (default 16, small so the "
                         "stress loop switches orders often)")
+    p.add_argument("--adaptive-floor", choices=["on", "off"],
+                   help="eviction adaptive: leave a candidate whose ghost falls under LRU's (default: the config's)")
+    p.add_argument("--adaptive-record", type=int, metavar="W",
+                   help="eviction adaptive: windows over which a candidate taken must not be behind LRU "
+                        "(default: the config's)")
     p.add_argument("--max-queued-ops", type=int,
                    help="copies the transfer queue holds before a submission is refused (default 4096)")
     p.add_argument("--prefetch", type=float, default=0.5,
@@ -100,6 +107,8 @@ def check_args(args: argparse.Namespace) -> range:
     if args.candidates is not None:
         parse_candidates("--candidates", args.candidates)
     at_least("--adaptive-window", args.adaptive_window, 1)
+    if args.adaptive_record is not None:
+        at_least("--adaptive-record", args.adaptive_record, 1)
     return parse_seeds(args.seeds) if args.seeds is not None else range(args.seed, args.seed + 1)
 
 
@@ -140,6 +149,10 @@ def build_cache(args: argparse.Namespace):
         tree = dataclasses.replace(tree, adaptive_candidates=parse_candidates("--candidates", args.candidates))
     # margin 0: any lead switches, so the loop exercises the reorder under every operation
     tree = dataclasses.replace(tree, adaptive_window=args.adaptive_window, adaptive_margin=0.0)
+    if args.adaptive_floor is not None:
+        tree = dataclasses.replace(tree, adaptive_floor=args.adaptive_floor == "on")
+    if args.adaptive_record is not None:
+        tree = dataclasses.replace(tree, adaptive_record=args.adaptive_record)
     if args.retention is not None:
         tree = dataclasses.replace(tree, retention_interval=parse_retention("--retention", args.retention))
     # The stress loop is synchronous: wait for each prefetch so L3 paths run every time.

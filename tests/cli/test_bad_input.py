@@ -59,6 +59,7 @@ CASES = [
     (["replay", "--config", "{cache_list.yaml}", "--quiet"], "cache="),
     (["replay", "--config", "{cache_str.yaml}", "--quiet"], "cache="),
     (["stress", "--config", "{cache_list.yaml}", "--ops", "5"], "cache="),
+    (S + ["--adaptive-record", "0"], "--adaptive-record="),
     (["replay", "--config", "{inf_bytes.yaml}", "--quiet"], "cache.device_bytes="),
     (["replay", "--config", "{nan_bytes.yaml}", "--quiet"], "cache.host_bytes="),
     (["replay", "--config", "{huge_bytes.yaml}", "--quiet"], "cache.host_bytes="),

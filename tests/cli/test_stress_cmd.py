@@ -16,12 +16,14 @@ BASE = ["stress", "--config", TINY, "--device-pages", "8", "--host-pages", "12",
 def test_every_flag_reaches_the_cache():
     args = build_parser().parse_args(BASE + [
         "--write-policy", "write_back", "--host-tier", "exclusive", "--eviction", "lfu", "--retention", "none",
-        "--device-snapshots", "3", "--host-snapshots", "5", "--max-queued-ops", "1"])
+        "--device-snapshots", "3", "--host-snapshots", "5", "--max-queued-ops", "1", "--adaptive-window", "5",
+        "--adaptive-floor", "off", "--adaptive-record", "2"])
     cache = build_cache(args)
     try:
         cfg = cache.config
         assert (cfg.write.write_policy, cfg.write.host_tier, cfg.tree.eviction, cfg.tree.retention_interval) == (
             "write_back", "exclusive", "lfu", None)
+        assert (cfg.tree.adaptive_window, cfg.tree.adaptive_floor, cfg.tree.adaptive_record) == (5, False, 2)
         assert (cfg.pools.device_pages, cfg.pools.host_pages, cfg.pools.device_snapshots,
                 cfg.pools.host_snapshots) == (8, 12, 3, 5)
         assert cache._copies._ctl.cfg.max_queued_ops == 1
@@ -34,6 +36,7 @@ def test_every_flag_reaches_the_cache():
         assert cache.config.tree.retention_interval == 32 and cache.config.tree.eviction == "lru"
         assert (cache.config.pools.device_snapshots, cache.config.pools.host_snapshots) == (8, 16)
         assert cache._copies._ctl.cfg.max_queued_ops == 4096
+        assert (cache.config.tree.adaptive_floor, cache.config.tree.adaptive_record) == (True, 4)
     finally:
         cache.close()
 
