@@ -91,6 +91,8 @@ class LeaseOpener:
             snap.last_access = now
             if hit:
                 snap.resumed += 1
+            elif not snap.expected:
+                snap.expected = True   # a queued request resumes here: not an idle tail
         if hit:
             for n in chain[:-1]:
                 if n.snapshot is not None:

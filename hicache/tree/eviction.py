@@ -51,6 +51,8 @@ class RankedSnapshot(Protocol):
     def resumed(self) -> int: ...
     @property
     def passed(self) -> int: ...
+    @property
+    def expected(self) -> bool: ...
 
 
 class RankedNode(Protocol):
@@ -141,7 +143,8 @@ class Ranked:
                              ``passed_only``: only a request that went *through* it to a
                              deeper point counts (resuming exactly there does not)
         idle_tails_first     offered at a decode's end (``kind == "finish"``) and no
-                             request has resumed from or passed it yet: where the next
+                             request has resumed from or passed it yet, nor has a queued
+                             one been seen to resume there (``expected``): where the next
                              request resumes at the previous *prompt's* end (a reasoning
                              model's template drops the thinking, a trace without
                              conversation ids), a decode's pages and state are never read
@@ -153,7 +156,8 @@ class Ranked:
                              branch point's snapshot (or one that was, ``forked``) on its
                              way deeper counts as using it
         probation            a page run no request has resumed through (``hit_count`` 0)
-                             and a snapshot nobody resumed from or passed rank in class
+                             and a snapshot nobody resumed from, passed or is queued to
+                             resume from rank in class
                              0.5: after what the rules above put first, before everything
                              that was reused. Admission by rank (segmented LRU): on traffic
                              where most chains are used once (production), what never
@@ -202,9 +206,10 @@ class Ranked:
             if self.intermediate_first or (self.superseded_first and nb == 1
                                            and (snap.passed if self.passed_only else (snap.resumed or snap.passed))):
                 return (0, snap.last_access)
-        if self.idle_tails_first and snap.kind == "finish" and not (snap.resumed or snap.passed):
+        used = snap.resumed or snap.passed or snap.expected
+        if self.idle_tails_first and snap.kind == "finish" and not used:
             return (0, snap.last_access)
-        if self.probation and not (snap.resumed or snap.passed):
+        if self.probation and not used:
             return (0.5, snap.last_access)
         return (1, snap.last_access)
 

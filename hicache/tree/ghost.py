@@ -63,13 +63,14 @@ if TYPE_CHECKING:
 class GhostSnapshot:
     """The fields of a real :class:`~hicache.tree.node.Snapshot` a strategy reads."""
 
-    __slots__ = ("last_access", "kind", "resumed", "passed")
+    __slots__ = ("last_access", "kind", "resumed", "passed", "expected")
 
     def __init__(self, now: float, kind: str):
         self.last_access = now
         self.kind = kind
         self.resumed = 0
         self.passed = 0
+        self.expected = False
 
 
 class GhostNode:
@@ -252,6 +253,8 @@ class GhostCache:
                 snap.last_access = now
                 if hit:
                     snap.resumed += 1
+                else:
+                    snap.expected = True   # a queued request resumes here (expect)
                 self._push_snap(node)
             if getattr(self.strategy, "refresh_forks", False):   # forks kept warm for passing requests
                 for i in range(resume - 1):

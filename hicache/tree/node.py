@@ -123,14 +123,17 @@ class Snapshot:
     the boundary it was first offered at (a :class:`~hicache.tree.retention.Boundary`
     value: ``prefill``, ``prompt_end``, ``finish``, ``branch``; "" when not given);
     ``resumed`` counts requests that resumed exactly here, ``passed`` those that resumed
-    deeper through its node.
+    deeper through its node; ``expected``: a queued request was seen to resume here
+    (:meth:`HiCache.expect`), so one is about to.
     """
 
     __slots__ = ("device_id", "host_id", "lock", "provisional_owner", "backup_pending", "put_pending",
-                 "loading", "load_ticket", "last_access", "_node", "_counted", "kind", "resumed", "passed")
+                 "loading", "load_ticket", "last_access", "_node", "_counted", "kind", "resumed", "passed",
+                 "expected")
     kind: str
     resumed: int
     passed: int
+    expected: bool
     device_id: int | None
     host_id: int | None
     lock: int
@@ -160,6 +163,7 @@ class Snapshot:
         _set(self, "kind", kind)
         _set(self, "resumed", 0)
         _set(self, "passed", 0)
+        _set(self, "expected", False)
 
     def __setattr__(self, name: str, value: object) -> None:
         _set(self, name, value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hicache.pools import Tier
 from tests.cache.conftest import Engine, make_cache, mha_layout, toks
 
 A, B, C = toks(1, 2, extra=1), toks(3, 4, extra=1), toks(5, 6, 7, extra=1)
@@ -17,7 +18,7 @@ def _two_chains(eviction, layout=None):
 
 
 @pytest.mark.parametrize("layout", [None, mha_layout()], ids=["hybrid", "mha"])
-@pytest.mark.parametrize("eviction", ["lru", "value"])
+@pytest.mark.parametrize("eviction", ["lru", "value", "reuse-prompt", "probation"])
 @pytest.mark.parametrize("expected", [False, True])
 def test_an_expected_prefix_outlives_a_more_recent_one(eviction, expected, layout):
     eng = _two_chains(eviction, layout)
@@ -63,3 +64,26 @@ def test_a_resume_point_inside_a_node_keeps_only_the_pages_above_it_warm():
     assert cache.match(queued).device_tokens == 4       # the expected page too
     assert cache.match(a).device_tokens == 8            # a's lower pages went first
     cache.check_integrity()
+
+
+@pytest.mark.parametrize("eviction", ["reuse-prompt", "probation"])
+@pytest.mark.parametrize("expected", [False, True])
+def test_a_decode_end_a_queued_request_will_resume_from_is_not_an_idle_tail(eviction, expected):
+    """The rules that put a decode's end no request used first (``reuse-prompt``'s idle
+    tails, ``probation``) must not drop the one a queued request is about to resume from:
+    an overloaded engine queues a conversation's next turn behind the turn that decoded it,
+    and ``expect`` marks that snapshot ``expected``. A's decode end is idle; B's was resumed
+    from. Two device state rows: C's snapshot takes one."""
+    eng = Engine(make_cache(device_pages=12, device_snaps=2, eviction=eviction, storage="none://"))
+    cache = eng.cache
+    eng.run(A)
+    eng.run(B)
+    eng.run(B)   # the same prompt again: it resumes at B's end, which is no longer idle
+    if expected:
+        assert cache.expect(A) == 8
+    eng.run(C)
+    kept, lost = (A, B) if expected else (B, A)
+    assert cache.match(kept).snapshot_tier is Tier.DEVICE
+    assert cache.match(lost).snapshot_tier is Tier.HOST    # its device copy went (a host copy stays)
+    cache.check_integrity()
+    cache.close()

@@ -131,6 +131,21 @@ def test_idle_tails_go_first_until_a_request_resumes_from_or_passes_them():
     assert g.nodes[3].snapshot.resumed == 1 and g.nodes[3].snapshot.kind == "finish"
 
 
+def test_an_expected_decode_end_is_not_idle_in_the_ghost_as_in_the_cache():
+    # As HiCache.expect does in the real tree: a queued request's resume snapshot is marked
+    # expected, and the idle-tail rule no longer puts it first; an idle one beside it stays first.
+    s = get_strategy("reuse-prompt")
+    g = GhostCache(s, capacity_units=40, snapshot_units=2)
+    serve(g, "a", [1, 2, 3], kind="finish")
+    serve(g, "b", [11, 12, 13], kind="finish")
+    assert s.first_class(g.nodes[3], g.nodes[3].snapshot) and s.first_class(g.nodes[13], g.nodes[13].snapshot)
+    g.expect([1, 2, 3, 4])
+    assert g.nodes[3].snapshot.expected and not g.nodes[3].snapshot.resumed
+    assert not s.first_class(g.nodes[3], g.nodes[3].snapshot)
+    assert s.first_class(g.nodes[13], g.nodes[13].snapshot) and not g.nodes[13].snapshot.expected
+    g.check()
+
+
 def test_a_decode_below_a_resumed_snapshot_does_not_supersede_it():
     # Two requests with the same prompt [1, 2]: the second resumes at the first's prompt end,
     # and each leaves a decode's tail (with its idle snapshot) below it. No request has gone

@@ -71,9 +71,9 @@ def ref_snapshot_priority(strategy, n, s) -> tuple:
         if below and taken <= 1 and not n.forked and (
                 strategy.intermediate_first or (strategy.superseded_first and taken == 1 and used)):
             return (0, s.last_access)
-        if strategy.idle_tails_first and s.kind == "finish" and not used:
+        if strategy.idle_tails_first and s.kind == "finish" and not (s.resumed or s.passed or s.expected):
             return (0, s.last_access)
-        if strategy.probation and not (s.resumed or s.passed):
+        if strategy.probation and not (s.resumed or s.passed or s.expected):
             return (0.5, s.last_access)
         return (1, s.last_access)
     return strategy.priority(s.last_access, 0)
@@ -321,9 +321,11 @@ def test_incremental_order_matches_a_fresh_scan(seqs, ops, state, lfu):
                 value = not getattr(node.snapshot, field)
             setattr(node.snapshot, field, value)
         elif op == "snapuse" and node is not None and node.snapshot is not None:
-            # what a lease's lookup writes (resumed here / passed on the way deeper), or a kind
-            field = ("resumed", "passed", "kind")[r % 3]
-            setattr(node.snapshot, field, "finish" if field == "kind" else getattr(node.snapshot, field) + 1)
+            # what a lease's lookup writes (resumed here / passed on the way deeper), what an
+            # expect writes (a queued request resumes here), or a kind
+            field = ("resumed", "passed", "kind", "expected")[r % 4]
+            value = {"kind": "finish", "expected": True}.get(field)
+            setattr(node.snapshot, field, getattr(node.snapshot, field) + 1 if value is None else value)
         elif op == "snaplock" and node is not None and node.snapshot is not None:
             node.snapshot.lock = 1 - min(node.snapshot.lock, 1)
         elif op == "evict_device":
@@ -366,4 +368,22 @@ def test_the_reuse_rules_rank_by_what_requests_were_seen_to_use():
     assert victims(prompt)[:2] == [a.node_id, b.node_id] or victims(prompt)[:2] == [b.node_id, a.node_id]
     b.snapshot.resumed += 1                                             # the decode's end was used
     assert victims(prompt) == [a.node_id, old.node_id, b.node_id]
+    tree.check_integrity()
+
+
+def test_a_decode_end_a_queued_request_will_resume_from_is_not_idle():
+    """An overloaded engine queues a conversation's next turn behind the one that decoded it;
+    ``HiCache.expect`` marks the turn's resume snapshot ``expected``, so the idle-tail rule
+    (and probation's) no longer puts it first: recency alone ranks it, as under LRU."""
+    tree = RadixTree(P, needs_snapshots=True)
+    prompt, probation = get_strategy("reuse-prompt"), get_strategy("probation")
+    old = tree.insert(toks(7), ids(0)).last
+    old.snapshot = Snapshot(device_id=0, last_access=tree.tick(), kind="prompt_end")
+    b = tree.insert(toks(1, 2, 3), ids(1, 2, 3)).last
+    b.snapshot = Snapshot(device_id=1, last_access=tree.tick(), kind="finish")
+    victims = lambda s: [n.node_id for n, _ in snapshot_victims(tree, s, "device")]  # noqa: E731
+    assert victims(prompt) == [b.node_id, old.node_id]      # an idle decode end first
+    assert victims(probation) == [b.node_id, old.node_id]
+    b.snapshot.expected = True                               # a queued turn resumes there
+    assert victims(prompt) == [old.node_id, b.node_id] and victims(probation) == [old.node_id, b.node_id]
     tree.check_integrity()
