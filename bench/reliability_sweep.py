@@ -2,10 +2,11 @@
 
 Each configuration is a ``hicache stress`` command line drawn at random over layouts, write
 policies, host tiers, eviction strategies (``adaptive`` among them, switching between its
-candidates over a short window, with or without the floor, records of 1 to 4 windows), retention, snapshot slots, transfer queue sizes (1 to
-4096), concurrency, tier sizes, L3 prefetch and injected copy faults. It runs in a
-worker process exactly as a user would type it (``hicache.cli.main.main``), so any failure
-is reproduced by the command line the sweep prints::
+candidates over a short window, with or without the floor, records of 1 to 4 windows),
+retention, snapshot slots, transfer queue sizes (1 to 4096), concurrency, tier sizes, L3
+prefetch and injected copy faults. It runs in a worker process exactly as a user would type
+it (``hicache.cli.main.main``), so any failure is reproduced by the command line the sweep
+prints::
 
     python bench/reliability_sweep.py --minutes 60 [--jobs 2] [--seed S] [--ops 400] [--json]
                                       [--log FILE.jsonl]

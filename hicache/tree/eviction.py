@@ -206,11 +206,11 @@ class Ranked:
             if self.intermediate_first or (self.superseded_first and nb == 1
                                            and (snap.passed if self.passed_only else (snap.resumed or snap.passed))):
                 return (0, snap.last_access)
-        used = snap.resumed or snap.passed or snap.expected
-        if self.idle_tails_first and snap.kind == "finish" and not used:
-            return (0, snap.last_access)
-        if self.probation and not used:
-            return (0.5, snap.last_access)
+        if (self.idle_tails_first or self.probation) and not (snap.resumed or snap.passed or snap.expected):
+            if self.idle_tails_first and snap.kind == "finish":
+                return (0, snap.last_access)
+            if self.probation:
+                return (0.5, snap.last_access)
         return (1, snap.last_access)
 
     def first_class(self, node: RankedNode, snap: RankedSnapshot) -> bool:

@@ -12,7 +12,8 @@ snapshot a request offers, with the boundary that offered it), every ``expect`` 
 queued request and every release, and it ranks victims with the *same* strategy object the
 real tree uses (:mod:`hicache.tree.eviction`), read off ghost nodes that carry the fields a
 strategy reads (``last_access``, ``depth``, ``children``, ``forked``, ``snapshots_below``,
-``hit_count``, and per snapshot ``last_access``, ``kind``, ``resumed``, ``passed``).
+``hit_count``, and per snapshot ``last_access``, ``kind``, ``resumed``, ``passed``,
+``expected``).
 
 What a ghost holds::
 

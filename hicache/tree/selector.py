@@ -38,8 +38,8 @@ mistakes then come due at once. On a bursty mix (seed 119, host 0.5 GiB) `value`
 ghost by 311 pages over the 300 lookups before lookup 774 while trailing it by 880 over all
 774. Taken, it dropped the snapshot of a prefix that a burst of 20 lookups resumed from 76
 lookups later (its ghost 190 pages against LRU's 518 over those 20), and the run ended 1.2
-points under `--eviction lru`. `reuse`, which led by almost as much (270) and was ahead over the whole
-run too, kept it. A candidate is trusted for what it did over ``record`` lookups
+points under `--eviction lru`. `reuse`, which led by almost as much (270) and was ahead
+over the whole run too, kept it. A candidate is trusted for what it did over ``record`` lookups
 (``record_windows`` windows), a span long enough that one lucky window does not carry it and
 short enough that a change of traffic is followed within it.
 
