@@ -33,14 +33,14 @@ prompt's idle decodes made its resume point look superseded.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hicache.cli.common import print_json  # noqa: E402
+from hicache.cli.common import print_json, resolve_config  # noqa: E402
 from hicache.config import load_config  # noqa: E402
+from hicache.engine.workloads.trace_parse import parse_trace  # noqa: E402
 from hicache.errors import HiCacheError  # noqa: E402
 from hicache.pools import plan_pools  # noqa: E402
 from hicache.tree.eviction import get_strategy  # noqa: E402
@@ -50,18 +50,13 @@ RUNGS = ("pages-anywhere", "snapshots-free", "snapshot-bytes", "tails-dead", "ta
 
 
 def read_trace(path: str) -> list[dict]:
-    """The trace's requests (kvcache-simulator's JSONL: ``input_length``, ``output_length``,
-    ``block_size``, ``hash_ids``)."""
-    out = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    r = json.loads(line)
-                    out.append({k: r[k] for k in ("input_length", "output_length", "block_size", "hash_ids")})
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise HiCacheError(f"trace {path} line {n}: not a block-hash request ({exc})") from None
-    return out
+    """The trace's requests, read as kvcache-simulator reads them
+    (:func:`hicache.engine.workloads.trace_parse.parse_trace`: what it skips is skipped,
+    what it refuses raises ConfigError naming the line)."""
+    parsed = parse_trace(path)
+    ids: dict[str, int] = {}     # ints, so page keys do not depend on str's per-process hash
+    return [{"input_length": r.prompt_len, "output_length": r.output_length, "block_size": parsed.block_size,
+             "hash_ids": [ids.setdefault(k, len(ids)) for k in r.keys]} for r in parsed.lines]
 
 
 def replay(reqs: list[dict], rung: str, policy: str, capacity: float, snapshot_units: float, page: int) -> float:
@@ -101,7 +96,7 @@ def replay(reqs: list[dict], rung: str, policy: str, capacity: float, snapshot_u
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", required=True)
-    p.add_argument("--config", default="configs/deepseek-v4-flash.yaml")
+    p.add_argument("--config", default="deepseek-v4-flash")
     p.add_argument("--device-gib", type=float, required=True)
     p.add_argument("--host-gib", type=float, required=True)
     p.add_argument("--sim-blocks", type=int, required=True, help="the simulator's capacity (sweep JSON: sim_blocks)")
@@ -109,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:
-        layout, cfg = load_config(a.config, device_bytes=int(a.device_gib * 2**30), host_bytes=int(a.host_gib * 2**30))
+        layout, cfg = load_config(resolve_config(a.config), device_bytes=int(a.device_gib * 2**30), host_bytes=int(a.host_gib * 2**30))
         units, snap = plan_pools(layout, cfg.pools).page_units()
         reqs = read_trace(a.trace)
         if not reqs:

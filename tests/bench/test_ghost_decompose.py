@@ -50,15 +50,26 @@ def test_idle_decodes_below_a_repeated_prompt_do_not_cost_reuse_prompt_its_resum
     assert gd.replay(reqs, "tails", "lru", 20, 4.0, 256) == 0.0
 
 
-def test_a_bad_trace_is_one_line_and_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize("record, words", [({"input_length": "x", "hash_ids": [1], "block_size": 256}, ":2.input_length"),
+                                           ({"input_length": 5, "hash_ids": [1], "block_size": 0}, ":2.block_size")])
+def test_a_record_the_simulator_refuses_is_one_line_naming_it_and_exit_2(tmp_path, capsys, record, words):
     bad = tmp_path / "t.jsonl"
-    bad.write_text(json.dumps({"input_length": 5}) + "\n")
-    assert gd.main(["--trace", str(bad), "--device-gib", "0.25", "--host-gib", "0.5", "--sim-blocks", "10"]) == 2
+    bad.write_text(json.dumps(req([1, 2])) + "\n" + json.dumps(record) + "\n")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)            # the default config is found by name, from anywhere
+        assert gd.main(["--trace", str(bad), "--device-gib", "0.25", "--host-gib", "0.5", "--sim-blocks", "10"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "line 1" in err
+    assert err.count("\n") == 0 and "t.jsonl" + words in err
 
 
-@pytest.mark.parametrize("text, words", [("", "no requests"),
+def test_records_the_simulator_skips_are_skipped(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(json.dumps({"input_length": 5}) + "\n" + json.dumps(req([1, 2])) + "\n")
+    assert gd.read_trace(str(trace)) == [{"input_length": 522, "output_length": 300, "block_size": 256,
+                                          "hash_ids": [0, 1]}]
+
+
+@pytest.mark.parametrize("text, words", [("", "no usable records"),
                                          (json.dumps(req([1], out=1) | {"block_size": 100}) + "\n", "block_size 100")])
 def test_an_empty_trace_or_an_odd_block_size_is_one_line_and_exit_2(tmp_path, capsys, text, words):
     bad = tmp_path / "t.jsonl"
