@@ -62,7 +62,7 @@ def test_a_record_the_simulator_refuses_is_one_line_naming_it_and_exit_2(tmp_pat
     assert err.count("\n") == 0 and "t.jsonl" + words in err
 
 
-def test_records_the_simulator_skips_are_skipped(tmp_path, capsys):
+def test_records_the_simulator_skips_are_skipped(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"input_length": 5}) + "\n" + json.dumps(req([1, 2])) + "\n")
     assert gd.read_trace(str(trace)) == [{"input_length": 522, "output_length": 300, "block_size": 256,

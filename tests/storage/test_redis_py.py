@@ -98,7 +98,7 @@ def test_connections_are_remade_after_a_restart_without_a_fault(redis_server):
     """A kept connection is probed before reuse; one the restarted server closed is re-made
     by redis-py, so the first call after the restart already succeeds."""
     b = open_backend(redis_server.url + "?connections=2")
-    big = [np.full(3 << 20, i, dtype=np.uint8) for i in range(2)]      # 6 MiB: two connections
+    big = [np.full(3 << 20, i, dtype=np.uint8) for i in range(2)]      # 6 MiB: split over two slices
     keys = ["hc:restart:0", "hc:restart:1"]
     assert b.put(keys, big) == [True, True]
     # Whether the put's two slices overlapped in time (two connections) or ran one after the
