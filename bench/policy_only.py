@@ -42,7 +42,7 @@ def one(args: argparse.Namespace, work, mode: str) -> tuple[dict, list[dict], fl
     args.bytes = mode
     path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, args.host_gib))
     cpu = time.process_time()
-    summary, report = replay_once(layout, cfg, engine_config(args, path), work, None)
+    summary, report = replay_once(layout, cfg, engine_config(args, path, work, layout), work, None)
     cpu = time.process_time() - cpu
     records = [{k: v for k, v in dataclasses.asdict(r).items() if k not in BYTE_ONLY} for r in report.records]
     return summary, records, cpu

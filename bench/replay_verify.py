@@ -40,7 +40,7 @@ def measure(replay_args: list[str], reps: int) -> dict:
         for mode in MODES:
             args.verify = mode
             path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, args.host_gib))
-            summary, _ = replay_once(layout, cfg, engine_config(args, path), work, None)
+            summary, _ = replay_once(layout, cfg, engine_config(args, path, work, layout), work, None)
             if mode not in best or summary["requests_per_s"] > best[mode]["requests_per_s"]:
                 best[mode] = summary
     base = best["full"]["requests_per_s"]

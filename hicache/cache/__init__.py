@@ -15,8 +15,8 @@ from hicache.cache.metrics import PrometheusExporter
 from hicache.cache.policy import ConfiguredPolicy, PlacementPolicy
 from hicache.cache.results import CacheStats, MatchResult, PublishResult, SnapshotOutcome, resumable_pages
 from hicache.cache.tokens import as_tokens
-from hicache.tree import Boundary, chunk_end
+from hicache.tree import Boundary, chunk_end, grain_end
 
-__all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "SnapshotOutcome", "CacheStats", "Boundary", "chunk_end",
+__all__ = ["HiCache", "Lease", "MatchResult", "PublishResult", "SnapshotOutcome", "CacheStats", "Boundary", "chunk_end", "grain_end",
            "Prefetch", "PlacementPolicy", "ConfiguredPolicy", "PrometheusExporter", "as_tokens",
            "admission_active", "resumable_pages"]

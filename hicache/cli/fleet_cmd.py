@@ -144,8 +144,9 @@ def run(args: argparse.Namespace) -> int:
     n = at_least("--engines", args.engines, 1)
     assert n is not None
     path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, args.host_gib))
-    ecfg = engine_config(args, path)
+    engine_config(args, path)   # the flags checked before a long trace is read
     work = load_requests(args)
+    ecfg = engine_config(args, path, work, layout)
     url = cfg.storage.url
     if args.processes:
         from hicache.engine import check_shareable

@@ -142,6 +142,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="every STEPS steps keep warm the queued requests past the head too, front "
                         "first, while their prompts add up to no more pages than the cache holds "
                         "(default 8; 0: the head only)")
+    p.add_argument("--prompt-grain", default="auto", metavar="TOKENS|auto",
+                   help="the grain on which prompts share prefixes: a prompt's snapshot is also offered at "
+                        "its last boundary on it (auto: a --trace's block_size, for layouts with state; "
+                        "else 0, the page)")
     p.add_argument("--no-peer-hold", dest="peer_hold", action="store_false",
                    help="admit a queued request even while a running request is still computing its "
                         "prefix (by default it waits for that request's chunk, then resumes from it)")
@@ -262,8 +266,9 @@ def load_cache_config(args: argparse.Namespace, **budgets) -> tuple[Path, CacheL
     return path, layout, cfg
 
 
-def engine_config(args: argparse.Namespace, path: Path):
-    """EngineConfig from the flags and the config file's ``engine:`` section."""
+def engine_config(args: argparse.Namespace, path: Path, work: "Workload | None" = None, layout=None):
+    """EngineConfig from the flags and the config file's ``engine:`` section; ``work`` and
+    ``layout`` resolve ``--prompt-grain auto`` (without them it is 0)."""
     from hicache.engine import EngineConfig, clock_from_mapping, contents
     from hicache.layout import read_config_file
 
@@ -280,7 +285,23 @@ def engine_config(args: argparse.Namespace, path: Path):
     warm = {} if args.warm_queue_every is None else {"warm_queue_every": args.warm_queue_every}
     return EngineConfig(max_running=args.max_running, admission=args.admission, verify=verify,
                         copy_landing=args.copy_landing, expect_queued=args.expect_queued,
-                        peer_hold=args.peer_hold, clock=clock, **warm)
+                        peer_hold=args.peer_hold, clock=clock,
+                        prompt_grain=prompt_grain(getattr(args, "prompt_grain", "auto"), work, layout), **warm)
+
+
+def prompt_grain(flag: str, work: "Workload | None", layout) -> int:
+    """``--prompt-grain``: a token count, or ``auto``: a block-hash trace's ``block_size``
+    for a layout with state (there a resume point needs a snapshot), else 0."""
+    if flag == "auto":
+        if work is None or layout is None or not layout.object_bytes("state"):
+            return 0
+        return int(work.trace_info.get("trace_block_size", 0))
+    try:
+        grain = int(flag)
+    except ValueError:
+        raise ConfigError("--prompt-grain", flag, "must be a token count (0: the page) or auto") from None
+    at_least("--prompt-grain", grain, 0)
+    return grain
 
 
 @dataclass
@@ -349,8 +370,9 @@ def run(args: argparse.Namespace) -> int:
 
         return run_tiny(args)
     path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, args.host_gib))
-    ecfg = engine_config(args, path)
+    engine_config(args, path)   # the flags checked before a long trace is read
     work = load_requests(args)
+    ecfg = engine_config(args, path, work, layout)
     progress = Progress("replay", len(work.requests), enabled=not args.quiet)
     summary, report = replay_once(layout, cfg, ecfg, work, progress, args.metrics_out, path.stem)
     emit(args, summary, report,

@@ -182,6 +182,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "bytes": cache.config.pools.bytes_mode,   # none: a policy-only run (nothing moved or verified)
         "device": str(cache.pools.device.device),   # where the device tier's pools live
         "copy_landing": ecfg.copy_landing,
+        "prompt_grain": ecfg.prompt_grain,   # tokens; 0: snapshots at page boundaries only
         "clock": dataclasses.asdict(ecfg.clock),
         "virtual_s": round(report.virtual_s, 3),
         "wall_s": round(report.wall_s, 2),

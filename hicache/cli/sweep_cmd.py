@@ -156,7 +156,7 @@ def _replay_point(args: argparse.Namespace, host: float) -> dict:
     try:
         work = load_requests(args)
         path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, host))
-        summary, _ = replay_once(layout, cfg, engine_config(args, path), work, None)
+        summary, _ = replay_once(layout, cfg, engine_config(args, path, work, layout), work, None)
         return summary
     except HiCacheError as exc:
         return {"error": str(exc)}
@@ -176,7 +176,7 @@ def _replay_points(pairs: list[tuple[argparse.Namespace, float]], device_gib: fl
             def step(done: int, _total: int, offset: int = i * n, label: str = label) -> None:
                 progress(offset + done, total, label)
 
-            summaries.append(replay_once(layout, cfg, engine_config(args, path), work, step)[0])
+            summaries.append(replay_once(layout, cfg, engine_config(args, path, work, layout), work, step)[0])
         return summaries
     import concurrent.futures as cf
     import multiprocessing as mp
@@ -308,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
     layout = cfg = path = ecfg = None
     for a, host in pairs:   # every replay's config is checked before any replay
         path, layout, cfg = load_cache_config(a, **budget_overrides(a, args.device_gib, host))
-        ecfg = engine_config(a, path)
+        ecfg = engine_config(a, path, work, layout)
     assert layout is not None and cfg is not None and ecfg is not None, "parse_budgets returns at least one budget"
     flat = _replay_points(pairs, args.device_gib, jobs, progress, work, labels)
     by_policy = {p: flat[i * len(hosts):(i + 1) * len(hosts)] for i, p in enumerate(names)}

@@ -49,6 +49,11 @@ class EngineConfig:
     that come back sooner; a round that would walk more than ``WARM_WORK`` times the
     tokens the engine can compute between rounds spaces the next out by the ratio (a bounded
     cost; docs/policy.md, "The waiting queue's head kept warm").
+    ``prompt_grain`` (tokens; 0: a page): the grain on which prompts share prefixes; when
+    it is coarser than a page, a prompt's last chunk first ends at its last boundary on
+    that grain, so a snapshot sits where a later prompt can share up to
+    (:func:`hicache.tree.retention.grain_end`); the CLI sets it to a block-hash trace's
+    ``block_size`` for layouts with state.
     ``peer_hold`` (default): a queued request whose prefix a running request is still
     computing waits for that request's chunk instead of computing the pages a second time
     (:mod:`hicache.engine.peers`). ``clock``: the cost model of the virtual clock.
@@ -73,6 +78,7 @@ class EngineConfig:
     expect_queued: bool = True
     warm_queue_every: int = 8
     peer_hold: bool = True
+    prompt_grain: int = 0
     copy_landing: CopyLanding = "step"
     clock: ClockConfig = field(default_factory=ClockConfig)
 
@@ -85,6 +91,7 @@ class EngineConfig:
             raise ConfigError("verify", self.verify, f"must be one of {list(VERIFY_MODES)}")
         check_int("prefetch_ahead", self.prefetch_ahead, minimum=0, optional=True)
         check_int("warm_queue_every", self.warm_queue_every, minimum=0)
+        check_int("prompt_grain", self.prompt_grain, minimum=0)
         if self.copy_landing not in COPY_LANDINGS:
             raise ConfigError("copy_landing", self.copy_landing, f"must be one of {list(COPY_LANDINGS)}")
 

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from hicache.cache import Boundary, chunk_end
+from hicache.cache import Boundary, chunk_end, grain_end
 from hicache.engine.peers import PeerHold
 from hicache.engine.records import (ADMISSION_POLICIES, INF, EngineConfig, EngineReport, Executor, Job,
                                     NullExecutor, RequestRecord)
@@ -308,6 +308,7 @@ class Scheduler:
                 target = min(job.done - job.done % self.P + chunk, job.prompt_len)
                 why = Boundary.PROMPT_END if target == job.prompt_len else Boundary.PREFILL
                 target, why = chunk_end(job.done, target, why, job.branch)
+                target, why = grain_end(job.done, target, why, job.prompt_len, self.cfg.prompt_grain, self.P)
                 ok = self._make_room(job, target)
                 if ok:
                     self.ex.publish(job, why)

@@ -19,12 +19,12 @@ from hicache.tree.node import (HASH_BYTES, ROOT_HASH, LoadTicket, RootNode, Snap
 from hicache.tree.order import EvictionOrder
 from hicache.tree.paths import PathMatch, ResumePoint
 from hicache.tree.radix import RadixTree, Removed
-from hicache.tree.retention import Boundary, Decision, RetentionPolicy, chunk_end
+from hicache.tree.retention import Boundary, Decision, RetentionPolicy, chunk_end, grain_end
 
 __all__ = [
     "CANDIDATES", "LFU", "LRU", "STRATEGIES", "Ranked", "Value", "PolicySelector", "SelectorStats", "AccessStrategy", "EvictionStrategy", "device_victims", "get_strategy",
     "host_victims", "snapshot_victims", "HASH_BYTES", "ROOT_HASH", "LoadTicket", "Snapshot", "TreeNode",
     "chain_hashes", "page_hash", "token_bytes", "InsertResult", "EvictionOrder", "PathMatch", "RadixTree",
-    "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy", "chunk_end", "GhostCache",
+    "Removed", "ResumePoint", "Boundary", "Decision", "RetentionPolicy", "chunk_end", "grain_end", "GhostCache",
     "page_keys", "RootNode", "tenant_root_hash",
 ]

@@ -27,6 +27,7 @@ class Boundary(str, Enum):
     PROMPT_END = "prompt_end"  # the deepest page boundary of the prompt
     FINISH = "finish"          # the deepest page boundary after decoding
     BRANCH = "branch"          # where the prompt leaves a cached path (MatchResult.branch_tokens)
+    GRAIN = "grain"            # the prompt's last boundary on its sharing grain (EngineConfig.prompt_grain)
 
 
 def chunk_end(done: int, target: int, why: Boundary, fork: int) -> tuple[int, Boundary]:
@@ -34,6 +35,35 @@ def chunk_end(done: int, target: int, why: Boundary, fork: int) -> tuple[int, Bo
     (``MatchResult.branch_tokens``) when it lies inside the chunk, so a snapshot lands on
     the fork and later requests sharing the prefix resume there; else as planned."""
     return (fork, Boundary.BRANCH) if done < fork < target else (target, why)
+
+
+def grain_end(done: int, target: int, why: Boundary, prompt_tokens: int, grain: int,
+              page_tokens: int) -> tuple[int, Boundary]:
+    """Where a prompt's last chunk (``why`` PROMPT_END) ends first: at the prompt's last
+    boundary on its sharing ``grain`` (tokens), rounded down to a page, when that lies
+    inside the chunk and before the prompt's last page boundary; else as planned.
+
+    Why. Prompts that share a prefix part where their texts part, and a hybrid model
+    resumes only where a snapshot sits, so the snapshot must sit on the shared part. The
+    prompt-end snapshot sits at the prompt's last page boundary, past the part a later
+    prompt shares whenever texts part on a coarser grain than a page. A block-hash trace is
+    such traffic: two of its prompts share whole blocks (``block_size`` tokens) and part at
+    a block boundary, so a prompt of 900 tokens in 512-token blocks has its snapshot at
+    768 (256-token pages) while every later prompt that shares its first block parts at
+    512 -- an offered snapshot no later prompt can use. With ``grain`` 512 the chunk ends
+    at 512 first (a snapshot there), then at the prompt's end::
+
+        prompt   |--block 0 (512)--|--partial block (388)--|
+        pages    |  256  |  256    |  256  | (132: no whole page)
+        grain    ^ 512: GRAIN snapshot     ^ 768: PROMPT_END snapshot
+
+    ``grain`` 0 (or any grain no coarser than a page) changes nothing."""
+    if why is not Boundary.PROMPT_END or grain <= page_tokens:
+        return target, why
+    aligned = prompt_tokens // grain * grain // page_tokens * page_tokens
+    if done < aligned < min(target, prompt_tokens // page_tokens * page_tokens):
+        return aligned, Boundary.GRAIN
+    return target, why
 
 
 class Decision(str, Enum):

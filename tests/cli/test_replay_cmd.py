@@ -210,3 +210,35 @@ def test_a_store_written_with_sampled_checks_reads_back_clean_in_full(capsys, tm
     rc, second = replay(capsys, *flags, "--verify", "full")
     assert second["l3_hit_tokens"] > 0 and second["verified_pages"] > 0
     assert rc == 0 and second["mismatched_pages"] == 0
+
+
+@pytest.mark.parametrize("config, grain_flag, grain, b_hit", [
+    ("deepseek-v4-flash", [], 512, 512),                       # auto: the trace's block_size
+    ("deepseek-v4-flash", ["--prompt-grain", "0"], 0, 0),      # page boundaries only: 768 is past the share
+    ("llama-3.1-8b", [], 0, 512),                              # no state: any page boundary resumes
+])
+def test_a_traces_block_size_puts_a_snapshot_where_later_prompts_share(capsys, tmp_path, config, grain_flag,
+                                                                        grain, b_hit):
+    # A's prompt: a whole block and a partial one (900 tokens); B shares A's first block
+    # only, so it can resume at 512 -- where A's snapshot sits only on A's block grain
+    lines = ['{"hash_ids": [1, 2], "input_length": 900, "block_size": 512, "output_length": 4}',
+             '{"hash_ids": [1, 3, 4], "input_length": 1500, "block_size": 512, "output_length": 4, '
+             '"timestamp": 100000}']
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    out_path = tmp_path / "req.jsonl"
+    flags = ["--config", config, "--trace", str(trace), "--device-gib", "8.5" if "llama" in config else "0.25",
+             "--host-gib", "1", "--storage", "none://", "--bytes", "none", "--quiet", "--json",
+             "--requests-out", str(out_path), *grain_flag]
+    assert main(["replay", *flags]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = [json.loads(x) for x in out_path.read_text().splitlines()]
+    assert out["prompt_grain"] == grain
+    assert [r["hit_tokens"] for r in rows] == [0, b_hit]
+
+
+@pytest.mark.parametrize("bad", ["-1", "half", "1.5"])
+def test_a_bad_prompt_grain_is_one_line(capsys, bad):
+    assert main(["replay", *SMALL, f"--prompt-grain={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--prompt-grain" in err[0]
