@@ -317,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     out = {"config": str(path), "workload": work.name, "requests": n, "ceiling": summaries[0]["ceiling"],
            "ceiling_last_half": summaries[0]["ceiling_last_half"], "write_policy": summaries[0]["write_policy"],
            "prefetch_policy": summaries[0]["prefetch_policy"], "verify": summaries[0]["verify"],
-           "bytes": summaries[0]["bytes"],
+           "bytes": summaries[0]["bytes"], "prompt_grain": summaries[0]["prompt_grain"],
            "budget": cfg.pools.budget, "storage": mask_url(cfg.storage.url)}
     out.update(work.trace_info)
     sims = None

@@ -28,6 +28,7 @@ def test_sweep_matches_kvcache_simulator_run(trace, tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert {"points", "ceiling", "sim_model", "sim_kv_precision", "sim_indexer_precision"} <= set(out)
     assert plot.stat().st_size > 0 and out["skipped_records"] == 0
+    assert out["prompt_grain"] == 16   # auto: the trace's block size (here a page: no extra boundary)
     assert [p["sim_status"] for p in out["points"]] == ["measured", "measured"]
     for p in out["points"]:
         for key in ("device_gib", "host_gib", "hit_rate", "hit_rate_last_half", "sim_gib", "sim_blocks",
