@@ -350,7 +350,7 @@ def test_publish_with_an_unknown_boundary_is_one_line_misuse():
     a = toks(1, 2, extra=1)
     _, lease = eng.start(a)
     eng.compute(lease, a, 2)
-    with pytest.raises(MisuseError, match=r"why='bogus' is not one of \['prefill', 'prompt_end', 'finish', 'branch'\]"):
+    with pytest.raises(MisuseError, match=r"why='bogus' is not one of \['prefill', 'prompt_end', 'finish', 'branch', 'grain'\]"):
         eng.cache.publish(lease, a, 2, why="bogus")
     assert eng.cache.publish(lease, a, 2, why="branch").published_pages == 2   # nothing lost
     eng.cache.release(lease)
