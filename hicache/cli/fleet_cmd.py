@@ -25,7 +25,8 @@ from typing import Any
 from hicache.cli.common import at_least, print_json
 from hicache.cli.progress import Progress
 from hicache.cli.replay_cmd import (CONVERSATIONS_HELP, add_cache_args, add_engine_args, add_source_args,
-                                    budget_overrides, engine_config, load_cache_config, load_requests)
+                                    budget_overrides, engine_config, load_cache_config, load_requests,
+                                    prompt_grain)
 from hicache.cli.table import render_table
 from hicache.config import NO_L3
 from hicache.errors import HiCacheError
@@ -144,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
     n = at_least("--engines", args.engines, 1)
     assert n is not None
     path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, args.host_gib))
-    engine_config(args, path)   # the flags checked before a long trace is read
+    ecfg = engine_config(args, path)   # the flags checked before a long trace is read
     work = load_requests(args)
-    ecfg = engine_config(args, path, work, layout)
+    ecfg = dataclasses.replace(ecfg, prompt_grain=prompt_grain(args.prompt_grain, work, layout))
     url = cfg.storage.url
     if args.processes:
         from hicache.engine import check_shareable

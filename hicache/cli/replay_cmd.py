@@ -370,9 +370,9 @@ def run(args: argparse.Namespace) -> int:
 
         return run_tiny(args)
     path, layout, cfg = load_cache_config(args, **budget_overrides(args, args.device_gib, args.host_gib))
-    engine_config(args, path)   # the flags checked before a long trace is read
+    ecfg = engine_config(args, path)   # the flags checked before a long trace is read
     work = load_requests(args)
-    ecfg = engine_config(args, path, work, layout)
+    ecfg = dataclasses.replace(ecfg, prompt_grain=prompt_grain(args.prompt_grain, work, layout))
     progress = Progress("replay", len(work.requests), enabled=not args.quiet)
     summary, report = replay_once(layout, cfg, ecfg, work, progress, args.metrics_out, path.stem)
     emit(args, summary, report,
