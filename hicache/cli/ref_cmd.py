@@ -25,6 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-blocks", type=int, default=0,
                    help="a snapshot every N blocks past the resume point, as chunked prefill "
                         "publishes them (default 0: none)")
+    p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
+                   help="tokens per hash id for lines without block_size, as kvcache-simulator's --block-size")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -33,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from hicache.engine import hybrid_ref
 
     caps = parse_positive_list(args.blocks, "--blocks", int, "380,571 (blocks)")
-    points = hybrid_ref.reference(args.trace, caps, chunk_blocks=args.chunk_blocks)
+    points = hybrid_ref.reference(args.trace, caps, chunk_blocks=args.chunk_blocks, block_size=args.block_size)
     if args.json:
         print_json({"trace": args.trace, "chunk_blocks": args.chunk_blocks, "points": [asdict(p) for p in points]})
         return 0

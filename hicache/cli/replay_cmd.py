@@ -68,6 +68,10 @@ def add_source_args(p: argparse.ArgumentParser, *, conversations_help: str) -> N
     src.add_argument("--workload", choices=WORKLOADS, default=DEFAULT_WORKLOAD,
                      help=f"built-in workload (default {DEFAULT_WORKLOAD}; synthetic = the chat preset)")
     src.add_argument("--trace", metavar="FILE.jsonl", help="a kvcache-simulator block-hash trace")
+    p.add_argument("--block-size", type=int, default=None, metavar="TOKENS",
+                   help="--trace: tokens per hash id for lines without block_size (a line's own "
+                        "block_size wins), as kvcache-simulator's --block-size; Mooncake's traces "
+                        "name none and use 512")
     p.add_argument("--conversations", type=int, default=None, help=conversations_help)
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
 
@@ -316,8 +320,12 @@ def load_requests(args: argparse.Namespace) -> Workload:
 
     n = args.conversations if args.conversations is not None else DEFAULT_CONVERSATIONS
     at_least("--conversations", n, 1)
+    if args.block_size is not None:
+        if not args.trace:
+            raise ConfigError("--block-size", args.block_size, "applies to --trace only")
+        at_least("--block-size", args.block_size, 1)
     if args.trace:
-        loaded = workloads.read_trace(args.trace)
+        loaded = workloads.read_trace(args.trace, block_size=args.block_size)
         return Workload(loaded.requests, loaded.info(), Path(args.trace).name)
     name = "chat" if args.workload == "synthetic" else args.workload
     check_units("--conversations", n, name)     # built whole in memory: bounded before building

@@ -251,16 +251,18 @@ def _simulate(args: argparse.Namespace, work: Workload, layout, cfg, ecfg,
             out["sim_mean_prompt_tokens"] = round(mean_prompt, 1)
         model = args.sim_model or kvsim.model_for(layout.model)
         sim = kvsim.simulate(trace, caps, model=model, kv_precision=args.sim_kv_precision,
-                             indexer_precision=args.sim_indexer_precision, backend=args.sim_backend)
+                             indexer_precision=args.sim_indexer_precision, backend=args.sim_backend,
+                             block_size=args.block_size)
         # the engine's chunk ends fall every chunk_tokens rounded down to whole pages (the
         # trace's blocks are our pages)
         chunk_blocks = max(ecfg.chunk_tokens // sim["block_size"], 1)
-        refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]], chunk_blocks=chunk_blocks)
+        refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]], chunk_blocks=chunk_blocks,
+                                    block_size=args.block_size)
         out["ref_chunk_blocks"] = chunk_blocks
         if rejected:
             served = kvsim.simulate(_served_trace(args, work, rejected, layout.page_tokens, tmp), caps, model=model,
                                     kv_precision=args.sim_kv_precision, indexer_precision=args.sim_indexer_precision,
-                                    backend=args.sim_backend)["points"]
+                                    backend=args.sim_backend, block_size=args.block_size)["points"]
     out["rejected_requests"] = len(rejected)
     out["rejected_prompt_tokens"] = sum(len(work.requests[i].prompt) for i in rejected)
     if args.trace:   # the served trace is the given one without these lines

@@ -163,9 +163,10 @@ def hit_rates(plan: TracePlan, capacity_blocks: int, *, chunk_blocks: int = 0) -
     return hit / total, hyb / total
 
 
-def reference(path: str | Path, capacities_blocks: Sequence[int], *, chunk_blocks: int = 0) -> list[RefPoint]:
+def reference(path: str | Path, capacities_blocks: Sequence[int], *, chunk_blocks: int = 0,
+              block_size: int | None = None) -> list[RefPoint]:
     """Both counts at each capacity, on the trace at ``path`` read as kvcache-simulator reads
     it (:func:`hicache.engine.workloads.trace_parse.parse_trace`; ConfigError where it
-    refuses the trace)."""
-    plan = plan_trace(parse_trace(path))
+    refuses the trace); ``block_size`` the fallback for lines without one."""
+    plan = plan_trace(parse_trace(path, block_size=block_size))
     return [RefPoint(c, *hit_rates(plan, c, chunk_blocks=chunk_blocks)) for c in capacities_blocks]

@@ -102,8 +102,10 @@ def _policy(r: dict) -> dict:
 
 def simulate(trace_path: str | Path, capacities_tokens: Sequence[int], *, model: str = DEFAULT_MODEL,
              kv_precision: str | None = None, indexer_precision: str | None = None, backend: str = "cpp",
-             progress: Callable[[float, float, str], None] | None = None) -> dict:
+             progress: Callable[[float, float, str], None] | None = None, block_size: int | None = None) -> dict:
     """Run LRU and optimal at each capacity (history tokens) in one simulator sweep.
+
+    ``block_size`` is the fallback for lines without one (the simulator's ``--block-size``).
 
     Returns the trace's figures, the simulator settings (``kvsim``), its ceiling and one
     point per capacity: ``capacity_tokens``, ``capacity_blocks``, ``budget_gib`` (what to
@@ -116,7 +118,7 @@ def simulate(trace_path: str | Path, capacities_tokens: Sequence[int], *, model:
     if not Path(trace_path).is_file():
         raise ConfigError("trace", str(trace_path), "no such file")
     try:
-        trace = trace_mod.parse_trace_file(trace_path)
+        trace = trace_mod.parse_trace_file(trace_path, block_size=block_size)
     except ValueError as exc:
         raise ConfigError("trace", str(trace_path), f"kvcache-simulator refuses it: {exc}") from None
     data = calculator.load_models_data()

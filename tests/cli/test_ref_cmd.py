@@ -36,7 +36,18 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     empty.write_text('{"no": "hashes"}\n')
     for argv in (["ref", str(path), "--blocks", "x"], ["ref", str(path), "--blocks", "0"],
                  ["ref", str(tmp_path / "missing.jsonl"), "--blocks", "4"],
-                 ["ref", str(path), "--blocks", "4", "--chunk-blocks", "-1"], ["ref", str(empty), "--blocks", "4"]):
+                 ["ref", str(path), "--blocks", "4", "--chunk-blocks", "-1"], ["ref", str(empty), "--blocks", "4"],
+                 ["ref", str(path), "--blocks", "4", "--block-size", "0"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("hicache ref: error:"), (argv, err)
+
+
+def test_block_size_flag_reads_a_trace_without_the_field(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"hash_ids": ids, "input_length": n}) + "\n" for ids, n in REQS))
+    assert main(["ref", str(path), "--blocks", "4", "--json"]) == 2
+    assert "--block-size" in capsys.readouterr().err
+    assert main(["ref", str(path), "--blocks", "4", "--block-size", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["points"] == [{"capacity_blocks": 4, "block_lru": 0.625, "hybrid_lru": 0.5}]

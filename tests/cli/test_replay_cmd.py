@@ -242,3 +242,33 @@ def test_a_bad_prompt_grain_is_one_line(capsys, bad):
     assert main(["replay", *SMALL, f"--prompt-grain={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--prompt-grain" in err[0]
+
+
+def test_a_trace_without_block_size_takes_the_flags_as_the_simulator_does(capsys, tmp_path):
+    # Mooncake's public traces name no block_size (512 tokens per hash id)
+    lines = ['{"hash_ids": [1, 2], "input_length": 900, "output_length": 4}',
+             '{"hash_ids": [1, 3, 4], "input_length": 1500, "output_length": 4, "timestamp": 100000}']
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(lines) + "\n")
+    flags = ["--config", "deepseek-v4-flash", "--trace", str(trace), "--device-gib", "0.25", "--host-gib", "1",
+             "--storage", "none://", "--bytes", "none", "--quiet", "--json"]
+    assert main(["replay", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "block_size" in err[0] and "--block-size" in err[0]
+    out_path = tmp_path / "req.jsonl"
+    assert main(["replay", *flags, "--block-size", "512", "--requests-out", str(out_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["trace_block_size"] == 512 and out["prompt_grain"] == 512
+    assert [json.loads(x)["hit_tokens"] for x in out_path.read_text().splitlines()] == [0, 512]
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--block-size", "512"], "--trace only"),
+    (["--trace", "t.jsonl", "--block-size", "0"], "--block-size"),
+])
+def test_a_misplaced_or_bad_block_size_is_one_line(capsys, tmp_path, monkeypatch, flags, says):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jsonl").write_text('{"hash_ids": [1], "input_length": 9}\n')
+    assert main(["replay", "--config", "deepseek-v4-flash", "--quiet", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--block-size" in err[0] and says in err[0]

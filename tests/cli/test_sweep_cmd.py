@@ -206,3 +206,18 @@ def test_every_policy_must_have_the_same_pools_at_a_budget():
     _check_same_pools({"lru": [pools, pools], "value": [pools, dict(pools)]}, [1.0, 2.0])
     with pytest.raises(AssertionError, match="host 2 GiB"):
         _check_same_pools({"lru": [pools, pools], "value": [pools, {**pools, "host_pages": 9}]}, [1.0, 2.0])
+
+
+def test_a_trace_without_block_size_sweeps_with_the_flag_as_with_the_field(trace, tmp_path, capsys):
+    pytest.importorskip("kvcache_sim.cli")
+    bare = tmp_path / "bare.jsonl"
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    bare.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "block_size"}) + "\n" for r in rows))
+    flags = [*ARGS, "--bytes", "none", "--storage", "none://", "--json"]
+    assert main(["sweep", *flags, "--trace", str(trace)]) == 0
+    with_field = json.loads(capsys.readouterr().out)
+    assert main(["sweep", *flags, "--trace", str(bare), "--block-size", "16"]) == 0
+    with_flag = json.loads(capsys.readouterr().out)
+    assert with_flag["sim_block_size"] == 16 and with_flag["prompt_grain"] == 16
+    keys = ("hit_rate_last_half", "sim_lru", "sim_optimal", "ref_hybrid_lru", "ref_block_lru")
+    assert [[p[k] for k in keys] for p in with_flag["points"]] == [[p[k] for k in keys] for p in with_field["points"]]

@@ -59,6 +59,7 @@ from typing import IO, SupportsIndex, SupportsInt, TypedDict
 
 from hicache.errors import ConfigError
 from hicache.inputs import MAX_LINE_BYTES, json_line
+from hicache.units import check_int
 
 REFUSED = "kvcache-simulator refuses such a trace too"
 # Prompt or output tokens of one request: 16x the longest context served today, and a bound
@@ -205,6 +206,8 @@ def parse_trace(path: str | os.PathLike[str], *, block_size: int | None = None) 
     Raises ConfigError, naming the first offending line, where the simulator refuses the
     whole trace.
     """
+    if block_size is not None:
+        check_int("block_size", block_size, minimum=1, reason="must be a positive integer (tokens per hash id)")
     p = Path(path)
     if not p.is_file():
         raise ConfigError("trace", str(path), "no such file")
@@ -240,7 +243,8 @@ def parse_trace(path: str | os.PathLike[str], *, block_size: int | None = None) 
     bs = state["block_size"] or block_size
     if state["without_block_size"] and not bs:
         raise ConfigError(f"{state['without_block_size']}.block_size", None,
-                          f"is missing on every line and no fallback block size was given; {REFUSED}")
+                          f"is missing on every line and no fallback block size was given (--block-size, as "
+                          f"kvcache-simulator's); {REFUSED}")
     if not raws:
         raise ConfigError("trace", str(p), f"has no usable records ({skipped} skipped, {parse_errors} "
                                            f"not JSON); {REFUSED}")

@@ -172,7 +172,7 @@ def test_workloads_cli_describes_and_writes_the_preset(capsys, tmp_path):
     expected = summarize(synthetic(2, 1, preset="agentic")).as_dict()
     assert out["stats"] == expected
     assert out["trace_written"]["records"] == expected["requests"] == len(load_trace(out_path))
-    args = argparse.Namespace(conversations=2, seed=1, trace=None, workload="agentic")
+    args = argparse.Namespace(conversations=2, seed=1, trace=None, block_size=None, workload="agentic")
     work = load_requests(args)
     assert work.name == "agentic x2" and len(work.requests) == expected["requests"]
 

@@ -27,7 +27,7 @@ def test_replay_and_sweep_know_every_family():
 @pytest.mark.parametrize("name", sorted(SIZES))
 def test_replay_builds_the_family_by_name(name):
     n = SIZES[name]
-    work = load_requests(argparse.Namespace(conversations=n, seed=1, trace=None, workload=name))
+    work = load_requests(argparse.Namespace(conversations=n, seed=1, trace=None, block_size=None, workload=name))
     expected = build_family(name, n, 1)
     assert work.name == f"{name} x{n}" and len(work.requests) == len(expected) > 0
     assert [r.prompt.tobytes() for r in work.requests] == [r.prompt.tobytes() for r in expected]
@@ -36,7 +36,7 @@ def test_replay_builds_the_family_by_name(name):
 
 
 def test_sharegpt_without_system_prompt_by_name(capsys):
-    work = load_requests(argparse.Namespace(conversations=5, seed=2, trace=None, workload="sharegpt-nosys"))
+    work = load_requests(argparse.Namespace(conversations=5, seed=2, trace=None, block_size=None, workload="sharegpt-nosys"))
     expected = sharegpt(5, 2, system_prompt="")
     assert [r.prompt.tobytes() for r in work.requests] == [r.prompt.tobytes() for r in expected]
     for r in work.requests:
