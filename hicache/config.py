@@ -52,7 +52,9 @@ class TreeConfig:
     ``adaptive_floor`` (and ``lru`` among the candidates) a followed candidate whose ghost
     hit less than LRU's over the window is left at once, for the candidate that hit most
     in it, and only a candidate whose ghost hit at least as much as LRU's over the last
-    ``adaptive_record`` windows is taken at all. No switch before ``adaptive_window``
+    ``adaptive_record`` windows is taken at all. A switch's lead must also exceed
+    ``adaptive_z`` standard deviations of the per-lookup hit differences it sums (hits come
+    in lumps of whole chains; 0 turns the test off). No switch before ``adaptive_window``
     lookups: the first candidate (``lru`` in the defaults) is followed until the ghosts'
     scores cover a whole window
     (:mod:`hicache.tree.selector`, docs/policy.md).
@@ -66,6 +68,7 @@ class TreeConfig:
     adaptive_margin_hits: float = 0.1
     adaptive_floor: bool = True
     adaptive_record: int = 4
+    adaptive_z: float = 2.0
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
@@ -85,6 +88,8 @@ class TreeConfig:
                      reason="must be a fraction of the followed candidate's hits, 0 to 1")
         check_bool("adaptive_floor", self.adaptive_floor)
         check_int("adaptive_record", self.adaptive_record, minimum=1, reason="must be a positive number of windows")
+        check_number("adaptive_z", self.adaptive_z, positive=False, minimum=0.0, maximum=100.0,
+                     reason="must be a number of standard deviations, 0 (off) to 100")
 
 
 @dataclass(frozen=True)
@@ -239,6 +244,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "adaptive_margin_hits": ("tree", "adaptive_margin_hits", None),
     "adaptive_floor": ("tree", "adaptive_floor", None),
     "adaptive_record": ("tree", "adaptive_record", None),
+    "adaptive_z": ("tree", "adaptive_z", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
     "host_tier": ("write", "host_tier", None),

@@ -130,7 +130,7 @@ class ConfiguredPolicy:
                                             units[0], units[1], stateless=stateless, window=tree.adaptive_window,
                                             margin=tree.adaptive_margin, margin_hits=tree.adaptive_margin_hits,
                                             floor="lru" if tree.adaptive_floor and "lru" in names else None,
-                                            record_windows=tree.adaptive_record)
+                                            record_windows=tree.adaptive_record, z=tree.adaptive_z)
         elif tree.eviction == "adaptive":
             self._fixed = get_strategy(names[0], stateless=stateless)
         self._keys = _PageKeys(page_tokens)

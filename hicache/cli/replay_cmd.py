@@ -103,6 +103,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-record", type=int, metavar="W",
                    help="eviction adaptive: windows over which a candidate must not have hit less than LRU's "
                         "ghost to be taken (default: the config's)")
+    p.add_argument("--adaptive-z", type=float, metavar="Z",
+                   help="eviction adaptive: a switch's lead must also exceed Z standard deviations of the "
+                        "per-lookup hit differences behind it (default: the config's, 2; 0 off)")
     p.add_argument("--adaptive-floor", choices=["on", "off"],
                    help="eviction adaptive: leave a followed candidate as soon as its ghost hits less than "
                         "LRU's over the window (default: the config's, on)")
@@ -214,6 +217,8 @@ def cache_overrides(args: argparse.Namespace) -> dict:
         out["adaptive_window"] = at_least("--adaptive-window", args.adaptive_window, 1)
     if args.adaptive_record is not None:
         out["adaptive_record"] = at_least("--adaptive-record", args.adaptive_record, 1)
+    if args.adaptive_z is not None:
+        out["adaptive_z"] = args.adaptive_z    # range checked by the config, naming cache.adaptive_z
     if args.adaptive_floor is not None:
         out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":

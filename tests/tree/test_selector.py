@@ -219,3 +219,50 @@ def test_a_followed_candidate_is_not_left_for_one_behind_lru_over_the_record():
 def test_the_floor_must_be_a_candidate():
     with pytest.raises(AssertionError):
         PolicySelector([Ranked("a"), Ranked("b")], capacity_units=10, snapshot_units=1, floor="lru")
+
+
+class Listed:
+    """A stand-in ghost that resumes ``hits[i]`` pages at lookup i (the last value after)."""
+
+    def __init__(self, hits: list[float]):
+        self.hits = hits
+        self.i = 0
+
+    def lookup(self, request, keys, prompt_pages=None):
+        h = self.hits[min(self.i, len(self.hits) - 1)]
+        self.i += 1
+        return h
+
+
+def listed(hits: list[list[float]], z: float, floor: str | None = "lru") -> PolicySelector:
+    sel = PolicySelector([LRU(), *(Ranked(f"c{i}") for i in range(1, len(hits)))], capacity_units=10,
+                         snapshot_units=1, window=10, margin=0.03, margin_hits=0.1, floor=floor, z=z)
+    sel.ghosts = [Listed(h) for h in hits]
+    return sel
+
+
+@pytest.mark.parametrize("c1, z, taken_at", [
+    ([10.0] * 5 + [40.0] + [10.0] * 50, 2.0, None),   # +30 pages in one lookup: a lumpy lead, not clear
+    ([10.0] * 5 + [40.0] + [10.0] * 50, 0.0, 9),      # ... taken without the spread test
+    ([13.0] * 56, 2.0, 9),                            # +30 spread over the window: clear, taken
+    ([10.0] * 5 + [40.0] * 3 + [10.0] * 50, 2.0, None),   # three lookups of +30: 90 < 2 x 52
+    ([10.0] * 5 + [40.0] * 5 + [10.0] * 50, 2.0, 9),      # five: 150 > 2 x 67
+])
+def test_a_lead_must_stand_clear_of_its_lookups_spread(c1, z, taken_at):
+    names = follow(listed([[10.0] * 56, c1], z), 14)
+    if taken_at is None:
+        assert set(names) == {"lru"}
+    else:
+        assert names.index("c1") == taken_at
+
+
+def test_under_the_floor_a_candidate_without_a_clear_lead_over_lru_is_not_taken():
+    # c1 leads steadily and is taken at 9, then hits 5 a lookup from 10 on: its window sum
+    # goes under LRU's at 13. c2 then leads LRU by 30 pages, all made in one lookup (11):
+    # the floor's exit goes to LRU, not to c2
+    c1 = [13.0] * 10 + [5.0] * 40
+    c2 = [10.0] * 11 + [40.0] + [10.0] * 40
+    names = follow(listed([[10.0] * 56, c1, c2], 2.0), 20)
+    assert names[9:13] == ["c1"] * 4 and names[13:] == ["lru"] * 7
+    # without the spread test c2's lumpy lead is taken
+    assert follow(listed([[10.0] * 56, c1, c2], 0.0), 20)[-1] == "c2"
