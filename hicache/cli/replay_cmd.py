@@ -218,7 +218,8 @@ def cache_overrides(args: argparse.Namespace) -> dict:
     if args.adaptive_record is not None:
         out["adaptive_record"] = at_least("--adaptive-record", args.adaptive_record, 1)
     if args.adaptive_z is not None:
-        out["adaptive_z"] = args.adaptive_z    # range checked by the config, naming cache.adaptive_z
+        out["adaptive_z"] = check_number("--adaptive-z", args.adaptive_z, positive=False, minimum=0.0, maximum=100.0,
+                                         reason="must be a number of standard deviations, 0 (off) to 100")
     if args.adaptive_floor is not None:
         out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":

@@ -4,7 +4,8 @@
                    [--device-pages N] [--host-pages N] [--device-snapshots N] [--host-snapshots N]
                    [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu|value]
                    [--retention N|none] [--candidates P,P] [--adaptive-window N]
-                   [--adaptive-floor on|off] [--adaptive-record W] [--max-queued-ops N] [--prefetch F]
+                   [--adaptive-floor on|off] [--adaptive-record W] [--adaptive-z Z] [--max-queued-ops N]
+                   [--prefetch F]
                    [--fault-rate F] [--json]
 
 Every knob a random sweep varies is a flag, so a failing configuration found by a sweep is
@@ -66,6 +67,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-record", type=int, metavar="W",
                    help="eviction adaptive: windows over which a candidate taken must not be behind LRU "
                         "(default: the config's)")
+    p.add_argument("--adaptive-z", type=float, default=0.0, metavar="Z",
+                   help="eviction adaptive: standard deviations a switch's lead must clear (default 0, so the "
+                        "stress loop switches orders often; the shipped config's is 2)")
     p.add_argument("--max-queued-ops", type=int,
                    help="copies the transfer queue holds before a submission is refused (default 4096)")
     p.add_argument("--prefetch", type=float, default=0.5,
@@ -147,8 +151,10 @@ def build_cache(args: argparse.Namespace):
         tree = dataclasses.replace(tree, eviction=args.eviction)
     if args.candidates is not None:
         tree = dataclasses.replace(tree, adaptive_candidates=parse_candidates("--candidates", args.candidates))
-    # margin 0: any lead switches, so the loop exercises the reorder under every operation
-    tree = dataclasses.replace(tree, adaptive_window=args.adaptive_window, adaptive_margin=0.0)
+    # margin 0 (and z 0 unless asked): any lead switches, so the loop exercises the reorder
+    # under every operation
+    tree = dataclasses.replace(tree, adaptive_window=args.adaptive_window, adaptive_margin=0.0,
+                               adaptive_z=args.adaptive_z)
     if args.adaptive_floor is not None:
         tree = dataclasses.replace(tree, adaptive_floor=args.adaptive_floor == "on")
     if args.adaptive_record is not None:

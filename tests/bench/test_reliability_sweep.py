@@ -31,10 +31,12 @@ def test_every_drawn_configuration_parses_and_its_adaptive_flags_reach_the_cache
             assert tree.adaptive_window == int(flag("--adaptive-window"))
             assert tree.adaptive_floor is (flag("--adaptive-floor") == "on")
             assert tree.adaptive_record == int(flag("--adaptive-record"))
+            assert tree.adaptive_z == float(flag("--adaptive-z"))
         finally:
             cache.close()
-        seen.add((tree.adaptive_floor, tree.adaptive_record))
-    assert {f for f, _ in seen} == {True, False} and {r for _, r in seen} == {1, 2, 4}
+        seen.add((tree.adaptive_floor, tree.adaptive_record, tree.adaptive_z))
+    assert {f for f, _, _ in seen} == {True, False} and {r for _, r, _ in seen} == {1, 2, 4}
+    assert {z for _, _, z in seen} == {0.0, 2.0}
 
 
 def test_one_configuration_runs_clean_and_is_counted():

@@ -57,13 +57,14 @@ def test_stress_hits_host_tier():
        policy=st.sampled_from(POLICIES),
        eviction=st.sampled_from(["lru", "lfu", "value", "reuse", "reuse-prompt", "adaptive"]),
        running=st.integers(1, 4),
-       layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]))
+       layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]),
+       z=st.sampled_from([0.0, 2.0]))
 def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention, policy, eviction, running,
-                                layout, faults):
+                                layout, faults, z):
     # adaptive: a short window and no margin, so it switches orders (and rebuilds them) mid-run
     cache = make_cache(layout(), device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
                        host_snaps=snaps + 1, write_policy=policy[0], host_tier=policy[1], retention=retention,
-                       eviction=eviction, window=8, margin=0.0)
+                       eviction=eviction, window=8, margin=0.0, z=z)
     run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)
 
 

@@ -123,6 +123,13 @@ def test_adaptive_floor_flag_reaches_the_run(capsys, floor, expect):
     assert rc == 0 and out["adaptive_floor"] is expect and out["mismatched_pages"] == 0
 
 
+@pytest.mark.parametrize("z, expect", [(None, 2.0), ("0", 0.0), ("3.5", 3.5)])
+def test_adaptive_z_flag_reaches_the_run(capsys, z, expect):
+    flags = ["--adaptive-z", z] if z else []
+    rc, out = replay(capsys, "--eviction", "adaptive", "--adaptive-window", "20", *flags)
+    assert rc == 0 and out["adaptive_z"] == expect and out["mismatched_pages"] == 0
+
+
 @pytest.mark.parametrize("record, expect", [(None, 4), ("1", 1), ("9", 9)])
 def test_adaptive_record_flag_reaches_the_run(capsys, record, expect):
     flags = ["--adaptive-record", record] if record else []
@@ -132,7 +139,8 @@ def test_adaptive_record_flag_reaches_the_run(capsys, record, expect):
 
 @pytest.mark.parametrize("flag, bad", [("--candidates", "lru,nope"), ("--candidates", "lru,lru"),
                                        ("--candidates", ""), ("--adaptive-window", "0"),
-                                       ("--adaptive-record", "0")])
+                                       ("--adaptive-record", "0"), ("--adaptive-z", "-1"),
+                                       ("--adaptive-z", "nan")])
 def test_a_bad_adaptive_flag_is_one_line(capsys, flag, bad):
     assert main(["replay", "--quiet", f"{flag}={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -102,6 +102,8 @@ def test_cache_config_parsing_and_errors():
                        ({"adaptive_margin_hits": 2}, "cache.adaptive_margin_hits"),
                        ({"adaptive_floor": "yes"}, "cache.adaptive_floor"),
                        ({"adaptive_record": 0}, "cache.adaptive_record"),
+                       ({"adaptive_z": -1}, "cache.adaptive_z"),
+                       ({"adaptive_z": "high"}, "cache.adaptive_z"),
                        ({"storage_url": "localhost"}, "cache.storage_url"),
                        ({"prefetch_policy": "eager"}, "cache.prefetch_policy"),
                        ({"write_through_threshold": 0}, "cache.write_through_threshold")]:
