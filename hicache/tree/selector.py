@@ -222,8 +222,11 @@ class PolicySelector:
             self._record_sq[i] += (h - f) ** 2 * sign
 
     def _clear_on_record(self, i: int) -> bool:
-        """Candidate i's lead over the floor across the record stands clear of its spread."""
+        """Candidate i's lead over the floor across the record stands clear of its spread
+        (with ``z`` 0, any candidate trusted: the rule before the spread test)."""
         assert self._floor is not None
+        if self.z <= 0:
+            return True
         lead = self._record_sums[i] - self._record_sums[self._floor]
         return lead > 0 and lead * lead > self.z * self.z * self._record_sq[i]
 
