@@ -34,6 +34,12 @@ NO_L3 = "none://"   # the storage URL of a cache without L3
 L3_ADMIT_MODES = ("off", "published", "reused")
 
 
+def check_adaptive_z(field: str, value: object) -> float:
+    """``adaptive_z`` (config key or flag): standard deviations a switch's lead must clear."""
+    return check_number(field, value, positive=False, minimum=0.0, maximum=100.0,
+                        reason="must be a number of standard deviations, 0 (off) to 100")
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """Radix tree policies: eviction order and state-snapshot retention.
@@ -88,8 +94,7 @@ class TreeConfig:
                      reason="must be a fraction of the followed candidate's hits, 0 to 1")
         check_bool("adaptive_floor", self.adaptive_floor)
         check_int("adaptive_record", self.adaptive_record, minimum=1, reason="must be a positive number of windows")
-        check_number("adaptive_z", self.adaptive_z, positive=False, minimum=0.0, maximum=100.0,
-                     reason="must be a number of standard deviations, 0 (off) to 100")
+        check_adaptive_z("adaptive_z", self.adaptive_z)
 
 
 @dataclass(frozen=True)

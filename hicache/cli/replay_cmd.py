@@ -34,7 +34,7 @@ from hicache.cli.common import (at_least, check_output, parse_candidates, parse_
 from hicache.cli.limits import check_units
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
-from hicache.config import EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, load_config
+from hicache.config import EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, check_adaptive_z, load_config
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, read_config_file
 from hicache.storage import mask_url
@@ -218,8 +218,7 @@ def cache_overrides(args: argparse.Namespace) -> dict:
     if args.adaptive_record is not None:
         out["adaptive_record"] = at_least("--adaptive-record", args.adaptive_record, 1)
     if args.adaptive_z is not None:
-        out["adaptive_z"] = check_number("--adaptive-z", args.adaptive_z, positive=False, minimum=0.0, maximum=100.0,
-                                         reason="must be a number of standard deviations, 0 (off) to 100")
+        out["adaptive_z"] = check_adaptive_z("--adaptive-z", args.adaptive_z)
     if args.adaptive_floor is not None:
         out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":

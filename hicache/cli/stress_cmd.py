@@ -26,9 +26,8 @@ from hicache.cli.common import at_least, parse_candidates, parse_retention, prin
 from hicache.cli.limits import check_seed_range
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
-from hicache.config import EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, load_config
+from hicache.config import EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, check_adaptive_z, load_config
 from hicache.errors import ConfigError
-from hicache.units import check_number
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -114,8 +113,7 @@ def check_args(args: argparse.Namespace) -> range:
     at_least("--adaptive-window", args.adaptive_window, 1)
     if args.adaptive_record is not None:
         at_least("--adaptive-record", args.adaptive_record, 1)
-    check_number("--adaptive-z", args.adaptive_z, positive=False, minimum=0.0, maximum=100.0,
-                 reason="must be a number of standard deviations, 0 (off) to 100")
+    check_adaptive_z("--adaptive-z", args.adaptive_z)
     return parse_seeds(args.seeds) if args.seeds is not None else range(args.seed, args.seed + 1)
 
 
