@@ -40,6 +40,11 @@ def check_adaptive_z(field: str, value: object) -> float:
                         reason="must be a number of standard deviations, 0 (off) to 100")
 
 
+def check_adaptive_trial(field: str, value: object) -> int:
+    """``adaptive_trial`` (config key or flag): lookups a switch is tried for first."""
+    return check_int(field, value, minimum=0, reason="must be a number of lookups, 0 (off) or more")
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """Radix tree policies: eviction order and state-snapshot retention.
@@ -60,7 +65,11 @@ class TreeConfig:
     in it, and only a candidate whose ghost hit at least as much as LRU's over the last
     ``adaptive_record`` windows is taken at all. A switch's lead must also exceed
     ``adaptive_z`` standard deviations of the per-lookup hit differences it sums (hits come
-    in lumps of whole chains; 0 turns the test off). No switch before ``adaptive_window``
+    in lumps of whole chains; 0 turns the test off). With ``adaptive_trial`` N > 0 a switch
+    the cache could decline is first tried for N lookups in a copy of the followed
+    candidate's ghost ranking by the new order, and taken only if that copy beat the
+    followed ghost by such a lead (what a switch costs from where the cache stands, which
+    a ghost that followed the new order all along does not show). No switch before ``adaptive_window``
     lookups: the first candidate (``lru`` in the defaults) is followed until the ghosts'
     scores cover a whole window
     (:mod:`hicache.tree.selector`, docs/policy.md).
@@ -75,6 +84,7 @@ class TreeConfig:
     adaptive_floor: bool = True
     adaptive_record: int = 4
     adaptive_z: float = 2.0
+    adaptive_trial: int = 300
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
@@ -95,6 +105,7 @@ class TreeConfig:
         check_bool("adaptive_floor", self.adaptive_floor)
         check_int("adaptive_record", self.adaptive_record, minimum=1, reason="must be a positive number of windows")
         check_adaptive_z("adaptive_z", self.adaptive_z)
+        check_adaptive_trial("adaptive_trial", self.adaptive_trial)
 
 
 @dataclass(frozen=True)
@@ -250,6 +261,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "adaptive_floor": ("tree", "adaptive_floor", None),
     "adaptive_record": ("tree", "adaptive_record", None),
     "adaptive_z": ("tree", "adaptive_z", None),
+    "adaptive_trial": ("tree", "adaptive_trial", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),
     "host_tier": ("write", "host_tier", None),

@@ -130,7 +130,8 @@ class ConfiguredPolicy:
                                             units[0], units[1], stateless=stateless, window=tree.adaptive_window,
                                             margin=tree.adaptive_margin, margin_hits=tree.adaptive_margin_hits,
                                             floor="lru" if tree.adaptive_floor and "lru" in names else None,
-                                            record_windows=tree.adaptive_record, z=tree.adaptive_z)
+                                            record_windows=tree.adaptive_record, z=tree.adaptive_z,
+                                            trial=tree.adaptive_trial)
         elif tree.eviction == "adaptive":
             self._fixed = get_strategy(names[0], stateless=stateless)
         self._keys = _PageKeys(page_tokens)
@@ -206,6 +207,7 @@ class ConfiguredPolicy:
             return {"policy_followed": self.strategy.name}
         st = self._selector.stats()
         out: dict[str, float | str] = {"policy_followed": st.followed, "policy_switches": st.switches,
+                                       "policy_trials": st.trials,
                                        "policy_regret_pages": st.regret_pages,
                                        "policy_looked_up_pages": st.looked_up_pages,
                                        "policy_followed_ghost_hit_pages": st.followed_hit_pages}

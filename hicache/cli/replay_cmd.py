@@ -34,7 +34,8 @@ from hicache.cli.common import (at_least, check_output, parse_candidates, parse_
 from hicache.cli.limits import check_units
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
-from hicache.config import EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, check_adaptive_z, load_config
+from hicache.config import (EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, check_adaptive_trial,
+                            check_adaptive_z, load_config)
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, read_config_file
 from hicache.storage import mask_url
@@ -106,6 +107,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-z", type=float, metavar="Z",
                    help="eviction adaptive: a switch's lead must also exceed Z standard deviations of the "
                         "per-lookup hit differences behind it (default: the config's, 2; 0 off)")
+    p.add_argument("--adaptive-trial", type=int, metavar="N",
+                   help="eviction adaptive: try a switch for N lookups in a copy of the followed ghost first, "
+                        "and take it only if the copy beat staying (default: the config's; 0 off)")
     p.add_argument("--adaptive-floor", choices=["on", "off"],
                    help="eviction adaptive: leave a followed candidate as soon as its ghost hits less than "
                         "LRU's over the window (default: the config's, on)")
@@ -219,6 +223,8 @@ def cache_overrides(args: argparse.Namespace) -> dict:
         out["adaptive_record"] = at_least("--adaptive-record", args.adaptive_record, 1)
     if args.adaptive_z is not None:
         out["adaptive_z"] = check_adaptive_z("--adaptive-z", args.adaptive_z)
+    if args.adaptive_trial is not None:
+        out["adaptive_trial"] = check_adaptive_trial("--adaptive-trial", args.adaptive_trial)
     if args.adaptive_floor is not None:
         out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":

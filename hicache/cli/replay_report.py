@@ -166,6 +166,8 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "adaptive_floor": cache.config.tree.adaptive_floor,
         "adaptive_record": cache.config.tree.adaptive_record,
         "adaptive_z": cache.config.tree.adaptive_z,
+        "adaptive_trial": cache.config.tree.adaptive_trial,
+        "policy_trials": s.get("policy_trials", 0),
         "policy_followed": s.get("policy_followed", cache.config.tree.eviction),   # adaptive: its choice at the end
         "policy_switches": s.get("policy_switches", 0),
         "policy_regret_pages": s.get("policy_regret_pages", 0),

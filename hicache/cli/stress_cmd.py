@@ -4,8 +4,8 @@
                    [--device-pages N] [--host-pages N] [--device-snapshots N] [--host-snapshots N]
                    [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu|value]
                    [--retention N|none] [--candidates P,P] [--adaptive-window N]
-                   [--adaptive-floor on|off] [--adaptive-record W] [--adaptive-z Z] [--max-queued-ops N]
-                   [--prefetch F]
+                   [--adaptive-floor on|off] [--adaptive-record W] [--adaptive-z Z] [--adaptive-trial N]
+                   [--max-queued-ops N] [--prefetch F]
                    [--fault-rate F] [--json]
 
 Every knob a random sweep varies is a flag, so a failing configuration found by a sweep is
@@ -26,7 +26,8 @@ from hicache.cli.common import at_least, parse_candidates, parse_retention, prin
 from hicache.cli.limits import check_seed_range
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
-from hicache.config import EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, check_adaptive_z, load_config
+from hicache.config import (EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, check_adaptive_trial,
+                            check_adaptive_z, load_config)
 from hicache.errors import ConfigError
 
 
@@ -70,6 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-z", type=float, default=0.0, metavar="Z",
                    help="eviction adaptive: standard deviations a switch's lead must clear (default 0, so the "
                         "stress loop switches orders often; the shipped config's is 2)")
+    p.add_argument("--adaptive-trial", type=int, default=0, metavar="N",
+                   help="eviction adaptive: lookups a switch is tried for in a copy of the followed ghost "
+                        "before it is taken (default 0: at once)")
     p.add_argument("--max-queued-ops", type=int,
                    help="copies the transfer queue holds before a submission is refused (default 4096)")
     p.add_argument("--prefetch", type=float, default=0.5,
@@ -114,6 +118,7 @@ def check_args(args: argparse.Namespace) -> range:
     if args.adaptive_record is not None:
         at_least("--adaptive-record", args.adaptive_record, 1)
     check_adaptive_z("--adaptive-z", args.adaptive_z)
+    check_adaptive_trial("--adaptive-trial", args.adaptive_trial)
     return parse_seeds(args.seeds) if args.seeds is not None else range(args.seed, args.seed + 1)
 
 
@@ -155,7 +160,7 @@ def build_cache(args: argparse.Namespace):
     # margin 0 (and z 0 unless asked): any lead switches, so the loop exercises the reorder
     # under every operation
     tree = dataclasses.replace(tree, adaptive_window=args.adaptive_window, adaptive_margin=0.0,
-                               adaptive_z=args.adaptive_z)
+                               adaptive_z=args.adaptive_z, adaptive_trial=args.adaptive_trial)
     if args.adaptive_floor is not None:
         tree = dataclasses.replace(tree, adaptive_floor=args.adaptive_floor == "on")
     if args.adaptive_record is not None:

@@ -152,6 +152,38 @@ class GhostCache:
             self._push_page(node)
             self._push_snap(node)
 
+    def clone(self, strategy: "EvictionStrategy") -> "GhostCache":
+        """A copy of this ghost (its pages, snapshots, counters and running requests' pins)
+        that ranks by ``strategy`` from now on: what the cache would hold if it switched
+        to ``strategy`` now, fed the same events from here (the selector's trial). O(n)."""
+        twin = GhostCache(strategy, self.capacity, self.snapshot_units, stateless=self.stateless)
+        new: dict[int, GhostNode] = {id(self.root): twin.root}
+        for key, old in self.nodes.items():   # every node first, then the links between them
+            node = GhostNode(key, None, old.depth, old.last_access)
+            new[id(old)] = node
+            for name in ("hit_count", "forked", "decoded", "branches", "snapshots_below", "pins", "spins"):
+                setattr(node, name, getattr(old, name))
+            snap = old.snapshot
+            if snap is not None:
+                copy = node.snapshot = GhostSnapshot(snap.last_access, snap.kind)
+                copy.resumed, copy.passed, copy.expected = snap.resumed, snap.passed, snap.expected
+            twin.nodes[key] = node
+        for old in (self.root, *self.nodes.values()):
+            node = new[id(old)]
+            if old.parent is not None:
+                node.parent = new[id(old.parent)]
+            node.children = {k: new[id(c)] for k, c in old.children.items()}
+        for name in ("branches", "forked", "snapshots_below"):
+            setattr(twin.root, name, getattr(self.root, name))
+        twin.used, twin.clock = self.used, self.clock
+        twin._held = {r: [new[id(n)] for n in held] for r, held in self._held.items()}
+        twin._snap_held = {r: [None if n is None else new[id(n)] for n in slots]
+                           for r, slots in self._snap_held.items()}
+        twin._prompt = dict(self._prompt)
+        twin._fork = dict(self._fork)
+        twin.reorder(strategy)
+        return twin
+
     # -- structure ---------------------------------------------------------------------------
     def _adjust_below(self, node: GhostNode, delta: int) -> None:
         """A snapshot attached to (or detached from) ``node``: every ancestor's count of

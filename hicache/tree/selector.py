@@ -25,6 +25,10 @@ selector compares the candidates' ghost hits over the last ``window`` lookups::
                (``z``, 2 in the shipped config; 0 off); the floor's exit, paid for
                whatever it takes, goes to the best candidate lately whose lead over LRU
                across the record is clear in the same sense, else to LRU
+    trial      (``trial`` > 0) a switch the cache could decline is not taken at once: the
+               followed candidate's ghost is cloned, the clone ranks by the new order,
+               and after ``trial`` lookups the switch is taken if the clone beat the
+               followed ghost by a lead clear of its spread (no margin), else dropped
     warm-up    no switch before `window` lookups: the first candidate (plain LRU) is
                followed until the scores cover a whole window
 
@@ -68,6 +72,20 @@ worth a second switch (on the trace above, exits to such ties cost 0.2 more), wh
 ahead over the longer span is (a window-only test sent a mix-poisson run back to LRU at
 lookup 729 instead of to `reuse-prompt`, ahead over the record by 362 pages: 53.7 where
 the record test gives 54.9).
+
+Why a trial. A candidate's ghost has followed its order all along; the real cache, on
+switching, starts from what the followed order kept and must give that up to reach the
+ghost's contents. Where the new order drops first what the traffic is about to come back
+for, that transition is the whole cost, and no ghost shows it: on a mix (seed 126, host 1
+GiB) `value` led LRU's ghost clearly, was taken at lookup 715, and the real cache, having
+dropped intermediate snapshots a burst of requests then resumed from, fell under LRU and
+never recovered what it had dropped (59.6% against `--eviction lru`'s 60.8%). The clone
+is exactly that transition -- the followed ghost at the moment of the switch, ranking by
+the new order, fed the same events as every ghost since -- beside the counterfactual of
+not switching (the followed ghost itself). There the clone trailed by 1,038 pages after
+275 lookups, and the switch was dropped. No margin is asked of the clone: the margin
+stands in for a switch's unseen cost, which the clone has paid. The price is time: a
+switch that pays is taken ``trial`` lookups late.
 
 Why a whole window first. On a cold cache the ghosts differ by a few pages over a few
 lookups, and the margin, counted in the window's pages, is as small; a lead measured over
@@ -118,6 +136,21 @@ class SelectorStats:
     regret_pages: int                # per window: the best candidate's ghost hits - the followed ones'
     followed_hit_pages: int          # each lookup's ghost hits under the candidate followed at it
     window: int
+    trials: int = 0                  # switches tried in a clone of the followed ghost
+
+
+class _Trial:
+    """A switch on trial: ``ghost`` is the followed candidate's ghost as it stood when the
+    trial began, ranking by the candidate's order since; each lookup adds its hits minus
+    the followed ghost's (``lead``, ``sq``: the sum of their squares), ``pages`` looked
+    up and ``base``, the followed ghost's hits."""
+
+    __slots__ = ("candidate", "ghost", "lead", "sq", "lookups", "pages", "base")
+
+    def __init__(self, candidate: int, ghost: GhostCache):
+        self.candidate = candidate
+        self.ghost = ghost
+        self.lead = self.sq = self.lookups = self.pages = self.base = 0
 
 
 class PolicySelector:
@@ -125,7 +158,7 @@ class PolicySelector:
 
     def __init__(self, candidates: Sequence["EvictionStrategy"], capacity_units: float, snapshot_units: float, *,
                  stateless: bool = False, window: int = 300, margin: float = 0.01, margin_hits: float = 0.0,
-                 floor: str | None = None, record_windows: int = 4, z: float = 0.0):
+                 floor: str | None = None, record_windows: int = 4, z: float = 0.0, trial: int = 0):
         assert candidates, "at least one candidate"
         names = [c.name for c in candidates]
         assert len(set(names)) == len(names), f"candidate names must differ: {names}"
@@ -140,6 +173,10 @@ class PolicySelector:
         self.record = record_windows * window
         assert z >= 0, f"z must be non-negative: {z}"
         self.z = z
+        assert trial >= 0, f"trial must be a non-negative number of lookups: {trial}"
+        self.trial = trial
+        self.trials = 0
+        self._trial: _Trial | None = None
         k = len(candidates)
         # over the window, per pair (i, j): the sum of (h_i - h_j)^2 over its lookups -- the
         # spread a lead of sum(h_i - h_j) is judged against (`_clear`)
@@ -173,6 +210,14 @@ class PolicySelector:
         self._followed_hits += hits[self.followed]
         self.followed_hit_pages += hits[self.followed]
         n = len(keys)
+        t = self._trial
+        if t is not None:
+            d = t.ghost.lookup(request, keys, prompt_pages) - hits[self.followed]
+            t.lead += d
+            t.sq += d * d
+            t.lookups += 1
+            t.pages += n
+            t.base += hits[self.followed]
         self.lookups += 1
         self.looked_up_pages += n
         for i, h in enumerate(hits):
@@ -243,7 +288,7 @@ class PolicySelector:
         trusted = self._trusted()
         best = max(trusted, key=lambda i: (self._sums[i], -i))
         if best == self.followed:
-            return False
+            return self._judge_trial(trusted)
         # Under the floor over the window: leave now (a switch is paid for either way), for
         # the best candidate lately among those clearly ahead of the floor over the record,
         # else the floor. Otherwise a switch needs a lead, and one clear of the lookups'
@@ -254,10 +299,32 @@ class PolicySelector:
                        key=lambda i: (self._sums[i], -i))
         elif (self._sums[best] - self._sums[self.followed] <= self._lead_needed()
               or not self._clear(best, self.followed)):
-            return False
-        self.followed = best
+            return self._judge_trial(trusted)
+        elif self.trial > 0:
+            if self._trial is None:   # try it from where the cache stands before paying for it
+                self._trial = _Trial(best, self.ghosts[self.followed].clone(self.candidates[best]))
+                self.trials += 1
+                return False
+            return self._judge_trial(trusted)
+        return self._switch(best)
+
+    def _switch(self, to: int) -> bool:
+        self.followed = to
         self.switches += 1
+        self._trial = None   # it was tried against the candidate followed until now
         return True
+
+    def _judge_trial(self, trusted: list[int]) -> bool:
+        """The trial, once ``trial`` lookups long, is taken if its clone beat the followed
+        ghost by a lead clear of its spread, else dropped. No margin: the margin stands in
+        for a switch's unseen cost, which the clone has paid."""
+        t = self._trial
+        if t is None or t.lookups < self.trial:
+            return False
+        self._trial = None
+        if t.candidate in trusted and t.lead > 0 and t.lead * t.lead > self.z * self.z * t.sq:
+            return self._switch(t.candidate)
+        return False
 
     def _trusted(self) -> list[int]:
         """The candidates that may be taken: with a floor, those whose ghost hit at least as
@@ -267,28 +334,34 @@ class PolicySelector:
         bar = self._record_sums[self._floor]
         return [i for i, s in enumerate(self._record_sums) if s >= bar]
 
-    def _lead_needed(self) -> float:
-        """Ghost hit pages by which a candidate must beat the followed one (docstring above)."""
-        pages = self.margin * self._pages_sum
+    def _lead_needed(self, pages: int | None = None, hits: int | None = None) -> float:
+        """Ghost hit pages by which a candidate must beat the followed one (docstring above),
+        over the window, or over ``pages`` looked up where the followed one hit ``hits``."""
+        looked = self.margin * (self._pages_sum if pages is None else pages)
         if self.margin_hits <= 0:
-            return pages
-        return max(min(pages, self.margin_hits * self._sums[self.followed]), pages / 10)
+            return looked
+        followed = self._sums[self.followed] if hits is None else hits
+        return max(min(looked, self.margin_hits * followed), looked / 10)
 
     def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:
-        for g in self.ghosts:
+        for g in self._fed():
             g.publish(request, keys, why, snapshot)
 
     def expect(self, keys: Sequence[Hashable]) -> None:
-        for g in self.ghosts:
+        for g in self._fed():
             g.expect(keys)
 
     def release(self, request: object) -> None:
-        for g in self.ghosts:
+        for g in self._fed():
             g.release(request)
+
+    def _fed(self) -> list[GhostCache]:
+        """The ghosts the cache's events go to: every candidate's, and a trial's clone."""
+        return self.ghosts if self._trial is None else [*self.ghosts, self._trial.ghost]
 
     def stats(self) -> SelectorStats:
         return SelectorStats(followed=self.strategy.name, switches=self.switches, lookups=self.lookups,
                              looked_up_pages=self.looked_up_pages,
                              ghost_hit_pages={c.name: t for c, t in zip(self.candidates, self.total)},
                              regret_pages=self.regret_pages, followed_hit_pages=self.followed_hit_pages,
-                             window=self.window)
+                             window=self.window, trials=self.trials)

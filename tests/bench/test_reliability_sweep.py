@@ -32,11 +32,12 @@ def test_every_drawn_configuration_parses_and_its_adaptive_flags_reach_the_cache
             assert tree.adaptive_floor is (flag("--adaptive-floor") == "on")
             assert tree.adaptive_record == int(flag("--adaptive-record"))
             assert tree.adaptive_z == float(flag("--adaptive-z"))
+            assert tree.adaptive_trial == int(flag("--adaptive-trial"))
         finally:
             cache.close()
-        seen.add((tree.adaptive_floor, tree.adaptive_record, tree.adaptive_z))
-    assert {f for f, _, _ in seen} == {True, False} and {r for _, r, _ in seen} == {1, 2, 4}
-    assert {z for _, _, z in seen} == {0.0, 2.0}
+        seen.add((tree.adaptive_floor, tree.adaptive_record, tree.adaptive_z, tree.adaptive_trial))
+    assert {s[0] for s in seen} == {True, False} and {s[1] for s in seen} == {1, 2, 4}
+    assert {s[2] for s in seen} == {0.0, 2.0} and {s[3] for s in seen} == {0, 8}
 
 
 def test_one_configuration_runs_clean_and_is_counted():

@@ -31,7 +31,7 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
                write_policy="write_through", retention=None, eviction="lru", threshold=2,
                storage="memory://", prefetch_policy="wait_complete", salt="t",
                host_tier="inclusive", transfer=None, budget="split", state_cap=None,
-               candidates=None, window=300, margin=0.01, z=0.0, admit: AdmitConfig | None = None,
+               candidates=None, window=300, margin=0.01, z=0.0, trial=0, admit: AdmitConfig | None = None,
                auth_key="") -> HiCache:
     """A cache with these counts (``budget="split"``), or (``"shared"``) one arena per tier
     of the same bytes: ``pages x page bytes + snaps x snapshot bytes`` (``state_cap``: a
@@ -54,7 +54,8 @@ def make_cache(layout=None, *, device_pages=16, device_snaps=8, host_pages=32, h
         pools=pools,
         tree=TreeConfig(eviction=eviction, retention_interval=retention,
                         adaptive_candidates=candidates or TreeConfig.adaptive_candidates,
-                        adaptive_window=window, adaptive_margin=margin, adaptive_z=z),
+                        adaptive_window=window, adaptive_margin=margin, adaptive_z=z,
+                        adaptive_trial=trial),
         write=WriteConfig(write_policy=write_policy, write_through_threshold=threshold, host_tier=host_tier),
         storage=StorageConfig(url=storage, salt=salt, prefetch_policy=prefetch_policy,
                               prefetch_threshold_tokens=P, auth_key=auth_key),

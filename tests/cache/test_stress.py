@@ -58,13 +58,13 @@ def test_stress_hits_host_tier():
        eviction=st.sampled_from(["lru", "lfu", "value", "reuse", "reuse-prompt", "adaptive"]),
        running=st.integers(1, 4),
        layout=st.sampled_from([hybrid_layout, mha_layout]), faults=st.sampled_from([0.0, 0.0, 0.1]),
-       z=st.sampled_from([0.0, 2.0]))
+       z=st.sampled_from([0.0, 2.0]), trial=st.sampled_from([0, 0, 5]))
 def test_stress_random_settings(seed, device_pages, host_pages, snaps, retention, policy, eviction, running,
-                                layout, faults, z):
+                                layout, faults, z, trial):
     # adaptive: a short window and no margin, so it switches orders (and rebuilds them) mid-run
     cache = make_cache(layout(), device_pages=device_pages, device_snaps=snaps, host_pages=host_pages,
                        host_snaps=snaps + 1, write_policy=policy[0], host_tier=policy[1], retention=retention,
-                       eviction=eviction, window=8, margin=0.0, z=z)
+                       eviction=eviction, window=8, margin=0.0, z=z, trial=trial)
     run(cache, ops=150, seed=seed, max_running=running, fault_rate=faults)
 
 
@@ -73,3 +73,12 @@ def test_stress_with_the_adaptive_policy_switching():
                          host_tier="exclusive", eviction="adaptive", window=8, margin=0.0),
               ops=1500, seed=3, fault_rate=0.05)
     assert rep.stats["policy_switches"] > 0 and rep.verified_pages > 0
+
+
+def test_stress_with_switches_on_trial():
+    # each switch is tried first in a clone of the followed ghost: trials run beside the
+    # real cache's events (publishes, expects, releases, faults) and some are taken
+    rep = run(make_cache(device_pages=8, device_snaps=3, host_pages=16, host_snaps=5, write_policy="write_back",
+                         host_tier="exclusive", eviction="adaptive", window=8, margin=0.0, trial=4),
+              ops=1500, seed=3, fault_rate=0.05)
+    assert rep.stats["policy_trials"] > 0 and rep.stats["policy_switches"] > 0 and rep.verified_pages > 0

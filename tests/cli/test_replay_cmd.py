@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hicache.cli.main import main
+from hicache.config import TreeConfig
 
 SMALL = ["--config", "deepseek-v4-flash", "--conversations", "4", "--device-pages", "24", "--host-pages", "16",
          "--device-snapshots", "6", "--host-snapshots", "6", "--storage", "memory://", "--quiet", "--json"]
@@ -130,6 +131,15 @@ def test_adaptive_z_flag_reaches_the_run(capsys, z, expect):
     assert rc == 0 and out["adaptive_z"] == expect and out["mismatched_pages"] == 0
 
 
+@pytest.mark.parametrize("trial, expect", [(None, TreeConfig().adaptive_trial), ("0", 0), ("7", 7)])
+def test_adaptive_trial_flag_reaches_the_run(capsys, trial, expect):
+    flags = ["--adaptive-trial", trial] if trial else []
+    rc, out = replay(capsys, "--eviction", "adaptive", "--adaptive-window", "20", *flags)
+    assert rc == 0 and out["adaptive_trial"] == expect and out["mismatched_pages"] == 0
+    if not expect:
+        assert out["policy_trials"] == 0
+
+
 @pytest.mark.parametrize("record, expect", [(None, 4), ("1", 1), ("9", 9)])
 def test_adaptive_record_flag_reaches_the_run(capsys, record, expect):
     flags = ["--adaptive-record", record] if record else []
@@ -140,7 +150,7 @@ def test_adaptive_record_flag_reaches_the_run(capsys, record, expect):
 @pytest.mark.parametrize("flag, bad", [("--candidates", "lru,nope"), ("--candidates", "lru,lru"),
                                        ("--candidates", ""), ("--adaptive-window", "0"),
                                        ("--adaptive-record", "0"), ("--adaptive-z", "-1"),
-                                       ("--adaptive-z", "nan")])
+                                       ("--adaptive-z", "nan"), ("--adaptive-trial", "-1")])
 def test_a_bad_adaptive_flag_is_one_line(capsys, flag, bad):
     assert main(["replay", "--quiet", f"{flag}={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

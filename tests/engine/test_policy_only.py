@@ -43,10 +43,10 @@ HYBRID_TIGHT = dict(budget="shared_host", write_policy="write_back", host_tier="
 CASES = {
     "multi-turn, hybrid, shared_host, exclusive, adaptive switching": (
         "tiny-hybrid", lambda: chat(16),
-        dict(HYBRID_TIGHT, eviction="adaptive", adaptive_window=8, adaptive_margin=0.0, adaptive_z=0.0,
+        dict(HYBRID_TIGHT, eviction="adaptive", adaptive_window=8, adaptive_margin=0.0, adaptive_z=0.0, adaptive_trial=4,
              device_bytes=24 * KiB, host_bytes=16 * KiB),
         {}, ("device_demoted_pages", "host_evicted_pages", "host_released_pages", "compaction_moves",
-             "snapshots_evicted_device", "snapshots_evicted_host", "host_hit_tokens", "policy_switches")),
+             "snapshots_evicted_device", "snapshots_evicted_host", "host_hit_tokens", "policy_switches", "policy_trials")),
     "agentic, hybrid, shared arenas, exclusive, lru": (
         "tiny-hybrid", lambda: agentic(6, 1, spec=AGENTIC),
         dict(HYBRID_TIGHT, budget="shared", eviction="lru", state_share=None, device_bytes=24 * KiB,

@@ -104,6 +104,8 @@ def test_cache_config_parsing_and_errors():
                        ({"adaptive_record": 0}, "cache.adaptive_record"),
                        ({"adaptive_z": -1}, "cache.adaptive_z"),
                        ({"adaptive_z": "high"}, "cache.adaptive_z"),
+                       ({"adaptive_trial": -1}, "cache.adaptive_trial"),
+                       ({"adaptive_trial": 2.5}, "cache.adaptive_trial"),
                        ({"storage_url": "localhost"}, "cache.storage_url"),
                        ({"prefetch_policy": "eager"}, "cache.prefetch_policy"),
                        ({"write_through_threshold": 0}, "cache.write_through_threshold")]:

@@ -257,6 +257,54 @@ def test_random_events_keep_the_ghost_consistent(ops, name, capacity):
     assert all(n.pins == 0 and n.spins == 0 for n in g.nodes.values())
 
 
+def _state(g: GhostCache) -> tuple:
+    """Everything a ghost holds that decides its next hits and victims."""
+    nodes = {k: (n.parent.key if n.parent is not None else None, sorted(n.children), n.depth, n.last_access,
+                 n.hit_count, n.forked, n.decoded, n.branches, n.snapshots_below, n.pins, n.spins,
+                 None if n.snapshot is None else (n.snapshot.last_access, n.snapshot.kind, n.snapshot.resumed,
+                                                  n.snapshot.passed, n.snapshot.expected))
+             for k, n in g.nodes.items()}
+    held = {r: [n.key for n in ns] for r, ns in g._held.items()}
+    snap_held = {r: [None if n is None else n.key for n in ns] for r, ns in g._snap_held.items()}
+    return nodes, g.used, g.clock, held, snap_held, g._prompt, g._fork
+
+
+@settings(max_examples=100, deadline=None)
+@given(OPS, OPS, st.sampled_from(["lru", "value", "reuse", "probation"]), st.integers(4, 30))
+def test_a_clone_is_the_ghost_switched_to_another_order_now(before, after, name, capacity):
+    """The selector's trial: a clone taken mid-run, ranking by another strategy, holds and
+    hits exactly what the ghost itself would had it been reordered at that moment -- and
+    the original is untouched by the clone's events."""
+    strategy = Value() if name == "value" else get_strategy(name)
+    g = GhostCache(LRU(), capacity_units=capacity, snapshot_units=2)
+    prefixes = {b: [b * 100 + i for i in range(8)] for b in range(4)}
+
+    def play(ghost: GhostCache, ops) -> list:
+        seen = []
+        for op, req, branch, depth, kind in ops:
+            keys = prefixes[branch][:depth]
+            if op == "lookup":
+                seen.append(ghost.lookup(req, keys))
+            elif op == "publish":
+                ghost.publish(req, keys, kind or "prefill", kind is not None)
+            elif op == "expect":
+                ghost.expect(keys)
+            else:
+                ghost.release(req)
+            ghost.check()
+        return seen
+
+    play(g, before)
+    frozen = _state(g)
+    twin = g.clone(strategy)
+    twin.check()
+    assert _state(twin) == frozen and twin.strategy is strategy
+    twin_hits = play(twin, after)
+    assert _state(g) == frozen                   # the clone shares no node with the original
+    g.reorder(strategy)
+    assert play(g, after) == twin_hits and _state(g) == _state(twin)
+
+
 def test_eviction_takes_the_smallest_key_a_full_scan_finds():
     rng = np.random.default_rng(3)
     for name in ("lru", "value", "reuse", "reuse-prompt"):

@@ -270,3 +270,68 @@ def test_the_floors_exit_takes_a_candidate_only_on_a_clear_lead_over_lru_across_
     assert names[9:13] == ["c1"] * 4 and names[13:] == ["c2"] * 7
     # without the spread test the exit takes the lumpy lead too
     assert follow(listed([[10.0] * 56, c1, lumpy], 0.0), 20)[13:] == ["c2"] * 7
+
+
+class Trialled(Listed):
+    """A stand-in ghost whose clone (a trial of a switch to ``strategy`` from its state)
+    resumes ``then[strategy.name][k]`` pages at the trial's k-th lookup."""
+
+    def __init__(self, hits: list[float], then: dict[str, list[float]]):
+        super().__init__(hits)
+        self.then = then
+        self.cloned: list[tuple[int, str]] = []
+
+    def clone(self, strategy):
+        self.cloned.append((self.i, strategy.name))
+        return Listed(self.then[strategy.name])
+
+
+def trialled(c1_clone: list[float], trial: int = 10) -> tuple[PolicySelector, Trialled]:
+    """LRU's ghost hits 10 a lookup, c1's a steady 13: a clear lead from the first window;
+    a switch from LRU's state to c1 hits ``c1_clone`` in the trial."""
+    sel = PolicySelector([LRU(), Ranked("c1")], capacity_units=10, snapshot_units=1, window=10, margin=0.03,
+                         margin_hits=0.1, floor="lru", z=2.0, trial=trial)
+    lru = Trialled([10.0] * 80, {"c1": c1_clone})
+    sel.ghosts = [lru, Listed([13.0] * 80)]
+    return sel, lru
+
+
+def test_a_switch_on_trial_is_taken_when_its_clone_beat_staying():
+    # the lead is clear at lookup 9 (the window fills): the trial starts there, from LRU's
+    # ghost, and its clone leads LRU's ghost by 3 a lookup over lookups 10-19: taken at 19
+    sel, lru = trialled([13.0] * 80)
+    names = follow(sel, 30)
+    assert names[:19] == ["lru"] * 19 and names[19:] == ["c1"] * 11
+    assert lru.cloned == [(10, "c1")] and sel.switches == 1 and sel.stats().trials == 1
+    # without a trial the same lead is taken at once
+    sel, lru = trialled([13.0] * 80, trial=0)
+    assert follow(sel, 30).index("c1") == 9 and lru.cloned == []
+
+
+@pytest.mark.parametrize("c1_clone", [
+    [8.0] * 80,                    # the switch costs: what c1 drops first, LRU's state still needed
+    [10.0] * 80,                   # a tie: not worth paying for
+    [10.0] * 9 + [40.0] * 71,      # +30 in one lookup: a lump, not clear of its spread
+])
+def test_a_switch_whose_clone_did_not_clearly_beat_staying_is_not_taken(c1_clone):
+    # c1's own ghost keeps its lead, so trials follow one another (each from where LRU's
+    # ghost stands then), each dropped when it ends: 9-19, 20-30, 31-41
+    sel, lru = trialled(c1_clone)
+    assert set(follow(sel, 42)) == {"lru"} and sel.switches == 0
+    assert [i for i, _ in lru.cloned] == [10, 21, 32] and sel.stats().trials == 3
+
+
+def test_the_floors_exit_ends_a_trial():
+    # c2 is tried from LRU's state (lookups 10-14) and taken at 14; c1 then leads c2, and its
+    # trial, from c2's state, starts at 22 (to end at 27). From 20 c2 hits 5 a lookup: under
+    # LRU over the window at 25, when the floor's exit goes at once to the best lately, c1.
+    # The trial is dropped with the switch: no second switch to c1 when it would have ended.
+    sel = PolicySelector([LRU(), Ranked("c1"), Ranked("c2")], capacity_units=10, snapshot_units=1, window=10,
+                         margin=0.03, margin_hits=0.1, floor="lru", z=0.0, trial=5)
+    lru = Trialled([10.0] * 60, {"c2": [12.0] * 60})
+    c2 = Trialled([12.0] * 12 + [16.0] * 8 + [5.0] * 40, {"c1": [20.0] * 60})
+    sel.ghosts = [lru, Listed([10.0] * 12 + [14.0] * 48), c2]
+    names = follow(sel, 40)
+    assert names[:14] == ["lru"] * 14 and names[14:25] == ["c2"] * 11 and names[25:] == ["c1"] * 15
+    assert lru.cloned == [(10, "c2")] and c2.cloned == [(23, "c1")]
+    assert sel.switches == 2 and sel.stats().trials == 2
