@@ -142,15 +142,14 @@ class SelectorStats:
 class _Trial:
     """A switch on trial: ``ghost`` is the followed candidate's ghost as it stood when the
     trial began, ranking by the candidate's order since; each lookup adds its hits minus
-    the followed ghost's (``lead``, ``sq``: the sum of their squares), ``pages`` looked
-    up and ``base``, the followed ghost's hits."""
+    the followed ghost's (``lead``; ``sq``, the sum of their squares)."""
 
-    __slots__ = ("candidate", "ghost", "lead", "sq", "lookups", "pages", "base")
+    __slots__ = ("candidate", "ghost", "lead", "sq", "lookups")
 
     def __init__(self, candidate: int, ghost: GhostCache):
         self.candidate = candidate
         self.ghost = ghost
-        self.lead = self.sq = self.lookups = self.pages = self.base = 0
+        self.lead = self.sq = self.lookups = 0
 
 
 class PolicySelector:
@@ -216,8 +215,6 @@ class PolicySelector:
             t.lead += d
             t.sq += d * d
             t.lookups += 1
-            t.pages += n
-            t.base += hits[self.followed]
         self.lookups += 1
         self.looked_up_pages += n
         for i, h in enumerate(hits):
@@ -334,14 +331,12 @@ class PolicySelector:
         bar = self._record_sums[self._floor]
         return [i for i, s in enumerate(self._record_sums) if s >= bar]
 
-    def _lead_needed(self, pages: int | None = None, hits: int | None = None) -> float:
-        """Ghost hit pages by which a candidate must beat the followed one (docstring above),
-        over the window, or over ``pages`` looked up where the followed one hit ``hits``."""
-        looked = self.margin * (self._pages_sum if pages is None else pages)
+    def _lead_needed(self) -> float:
+        """Ghost hit pages by which a candidate must beat the followed one (docstring above)."""
+        pages = self.margin * self._pages_sum
         if self.margin_hits <= 0:
-            return looked
-        followed = self._sums[self.followed] if hits is None else hits
-        return max(min(looked, self.margin_hits * followed), looked / 10)
+            return pages
+        return max(min(pages, self.margin_hits * self._sums[self.followed]), pages / 10)
 
     def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:
         for g in self._fed():
