@@ -69,7 +69,8 @@ class TreeConfig:
     the cache could decline is first tried for N lookups in a copy of the followed
     candidate's ghost ranking by the new order, and taken only if that copy beat the
     followed ghost by such a lead (what a switch costs from where the cache stands, which
-    a ghost that followed the new order all along does not show). No switch before ``adaptive_window``
+    a ghost that followed the new order all along does not show), and the floor's exit
+    goes to ``lru`` itself, other candidates being tried from there. No switch before ``adaptive_window``
     lookups: the first candidate (``lru`` in the defaults) is followed until the ghosts'
     scores cover a whole window
     (:mod:`hicache.tree.selector`, docs/policy.md).

@@ -28,7 +28,10 @@ selector compares the candidates' ghost hits over the last ``window`` lookups::
     trial      (``trial`` > 0) a switch the cache could decline is not taken at once: the
                followed candidate's ghost is cloned, the clone ranks by the new order,
                and after ``trial`` lookups the switch is taken if the clone beat the
-               followed ghost by a lead clear of its spread (no margin), else dropped
+               followed ghost by a lead clear of its spread (no margin) and the
+               candidate's own ghost is not under the floor's then, else dropped; and
+               the floor's exit goes to the floor itself, every other candidate being
+               tried from there
     warm-up    no switch before `window` lookups: the first candidate (plain LRU) is
                followed until the scores cover a whole window
 
@@ -85,7 +88,12 @@ the new order, fed the same events as every ghost since -- beside the counterfac
 not switching (the followed ghost itself). There the clone trailed by 1,038 pages after
 275 lookups, and the switch was dropped. No margin is asked of the clone: the margin
 stands in for a switch's unseen cost, which the clone has paid. The price is time: a
-switch that pays is taken ``trial`` lookups late.
+switch that pays is taken ``trial`` lookups late. Two consequences: a trial whose
+candidate's own ghost has fallen under the floor's by its end is dropped (taken, the
+floor's exit would leave it at the next lookup: on a mix, seed 128, a `probation` trial
+that passed then was followed by two exits, to `value` and to `reuse`, 0.8 under LRU), and
+the floor's exit goes to the floor, from which any other candidate is tried -- an exit
+straight to another candidate would be a switch no clone had tried.
 
 Why a whole window first. On a cold cache the ghosts differ by a few pages over a few
 lookups, and the margin, counted in the window's pages, is as small; a lead measured over
@@ -292,6 +300,8 @@ class PolicySelector:
         # spread: whether to pay for a switch at all.
         floor = self._floor
         if floor is not None and self._sums[self.followed] < self._sums[floor]:
+            if self.trial > 0:   # to the floor: any other candidate is tried from there
+                return self._switch(floor)
             best = max((i for i in trusted if i == floor or self._clear_on_record(i)),
                        key=lambda i: (self._sums[i], -i))
         elif (self._sums[best] - self._sums[self.followed] <= self._lead_needed()
@@ -319,8 +329,11 @@ class PolicySelector:
         if t is None or t.lookups < self.trial:
             return False
         self._trial = None
-        if t.candidate in trusted and t.lead > 0 and t.lead * t.lead > self.z * self.z * t.sq:
-            return self._switch(t.candidate)
+        c = t.candidate
+        if self._floor is not None and self._sums[c] < self._sums[self._floor]:
+            return False   # its own ghost is under the floor now: the exit would follow at once
+        if c in trusted and t.lead > 0 and t.lead * t.lead > self.z * self.z * t.sq:
+            return self._switch(c)
         return False
 
     def _trusted(self) -> list[int]:

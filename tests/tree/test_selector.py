@@ -321,17 +321,28 @@ def test_a_switch_whose_clone_did_not_clearly_beat_staying_is_not_taken(c1_clone
     assert [i for i, _ in lru.cloned] == [10, 21, 32] and sel.stats().trials == 3
 
 
-def test_the_floors_exit_ends_a_trial():
+def test_the_floors_exit_goes_to_lru_and_ends_a_trial():
     # c2 is tried from LRU's state (lookups 10-14) and taken at 14; c1 then leads c2, and its
     # trial, from c2's state, starts at 22 (to end at 27). From 20 c2 hits 5 a lookup: under
-    # LRU over the window at 25, when the floor's exit goes at once to the best lately, c1.
-    # The trial is dropped with the switch: no second switch to c1 when it would have ended.
+    # LRU over the window at 25, when the floor's exit goes at once to LRU, though c1 leads
+    # LRU: with trials, every other candidate is tried from the floor. The trial from c2's
+    # state is dropped; c1 is tried again from LRU's (26-31) and taken at 31.
     sel = PolicySelector([LRU(), Ranked("c1"), Ranked("c2")], capacity_units=10, snapshot_units=1, window=10,
                          margin=0.03, margin_hits=0.1, floor="lru", z=0.0, trial=5)
-    lru = Trialled([10.0] * 60, {"c2": [12.0] * 60})
+    lru = Trialled([10.0] * 60, {"c2": [12.0] * 60, "c1": [14.0] * 60})
     c2 = Trialled([12.0] * 12 + [16.0] * 8 + [5.0] * 40, {"c1": [20.0] * 60})
     sel.ghosts = [lru, Listed([10.0] * 12 + [14.0] * 48), c2]
     names = follow(sel, 40)
-    assert names[:14] == ["lru"] * 14 and names[14:25] == ["c2"] * 11 and names[25:] == ["c1"] * 15
-    assert lru.cloned == [(10, "c2")] and c2.cloned == [(23, "c1")]
-    assert sel.switches == 2 and sel.stats().trials == 2
+    assert names[:14] == ["lru"] * 14 and names[14:25] == ["c2"] * 11
+    assert names[25:31] == ["lru"] * 6 and names[31:] == ["c1"] * 9
+    assert lru.cloned == [(10, "c2"), (27, "c1")] and c2.cloned == [(23, "c1")]
+    assert sel.switches == 3 and sel.stats().trials == 3
+
+
+def test_a_trial_is_dropped_when_its_candidates_ghost_falls_under_lru():
+    # c1's clone leads LRU's ghost through its trial (9-19), but c1's own ghost hits 5 a
+    # lookup from 10 on: under LRU over the window when the trial ends, so taking it would
+    # only have the floor's exit leave it at the next lookup
+    sel, lru = trialled([13.0] * 80)
+    sel.ghosts[1] = Listed([13.0] * 10 + [5.0] * 70)
+    assert set(follow(sel, 40)) == {"lru"} and sel.switches == 0 and sel.stats().trials == 1
