@@ -277,15 +277,18 @@ class PolicySelector:
         assert self._floor is not None
         if self.z <= 0:
             return True
-        lead = self._record_sums[i] - self._record_sums[self._floor]
-        return lead > 0 and lead * lead > self.z * self.z * self._record_sq[i]
+        return self._stands_clear(self._record_sums[i] - self._record_sums[self._floor], self._record_sq[i])
 
     def _clear(self, i: int, j: int) -> bool:
         """Candidate i's lead over j in the window stands clear of its lookups' spread:
         more than ``z`` standard deviations of a sum of per-lookup differences that could
         have had either sign (docstring above; always, with ``z`` 0)."""
-        lead = self._sums[i] - self._sums[j]
-        return lead > 0 and lead * lead > self.z * self.z * self._sq[i][j]
+        return self._stands_clear(self._sums[i] - self._sums[j], self._sq[i][j])
+
+    def _stands_clear(self, lead: int, sq: int) -> bool:
+        """A positive ``lead``, a sum of per-lookup differences whose squares sum to ``sq``,
+        more than ``z`` standard deviations of such a sum (any positive one, with ``z`` 0)."""
+        return lead > 0 and lead * lead > self.z * self.z * sq
 
     def _choose(self) -> bool:
         if self.lookups < self.window:   # scores over a partial window: too few lookups to judge
@@ -332,7 +335,7 @@ class PolicySelector:
         c = t.candidate
         if self._floor is not None and self._sums[c] < self._sums[self._floor]:
             return False   # its own ghost is under the floor now: the exit would follow at once
-        if c in trusted and t.lead > 0 and t.lead * t.lead > self.z * self.z * t.sq:
+        if c in trusted and self._stands_clear(t.lead, t.sq):
             return self._switch(c)
         return False
 
