@@ -283,12 +283,14 @@ def print_summary(summary: dict, *, title: str) -> None:
 
 def policy_rows(s: dict) -> list[list[str]]:
     """Which order the cache followed (adaptive: its choice at the end, the switches, the
-    regret against the best candidate per window, every candidate's ghost hits)."""
+    switches tried in a clone first, the regret against the best candidate per window,
+    every candidate's ghost hits)."""
     if s.get("eviction") != "adaptive":
         return [["eviction", str(s.get("eviction"))]]
     looked = max(s.get("policy_looked_up_pages") or 0, 1)
     ghosts = [[f"  ghost hit rate: {k}", f"{v / looked:.1%}"] for k, v in (s.get("ghost_hit_pages") or {}).items()]
-    rows = [["eviction adaptive: following / switches", f"{s['policy_followed']} / {s['policy_switches']:,}"]]
+    rows = [["eviction adaptive: following / switches / trials",
+             f"{s['policy_followed']} / {s['policy_switches']:,} / {s.get('policy_trials', 0):,}"]]
     if ghosts:
         rows += [["  regret (best candidate's ghost hits - followed)", f"{s['policy_regret_pages'] / looked:.2%} of "
                                                                         "looked-up pages"],

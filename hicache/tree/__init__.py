@@ -11,7 +11,8 @@ bookkeeping over ids: it never frees or copies bytes. Imports only :mod:`hicache
 
 from hicache.tree.eviction import (CANDIDATES, LFU, LRU, STRATEGIES, AccessStrategy, EvictionStrategy, Ranked, Value,
                                    device_victims, get_strategy, host_victims, snapshot_victims)
-from hicache.tree.ghost import GhostCache, page_keys
+from hicache.tree.ghost import GhostCache
+from hicache.tree.ghost_nodes import page_keys
 from hicache.tree.selector import PolicySelector, SelectorStats
 from hicache.tree.insert import InsertResult
 from hicache.tree.node import (HASH_BYTES, ROOT_HASH, LoadTicket, RootNode, Snapshot, TreeNode, chain_hashes,

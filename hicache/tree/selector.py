@@ -354,21 +354,24 @@ class PolicySelector:
             return pages
         return max(min(pages, self.margin_hits * self._sums[self.followed]), pages / 10)
 
+    # The cache's events go to every candidate's ghost and to a running trial's clone.
     def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:
-        for g in self._fed():
+        for g in self.ghosts:
             g.publish(request, keys, why, snapshot)
+        if self._trial is not None:
+            self._trial.ghost.publish(request, keys, why, snapshot)
 
     def expect(self, keys: Sequence[Hashable]) -> None:
-        for g in self._fed():
+        for g in self.ghosts:
             g.expect(keys)
+        if self._trial is not None:
+            self._trial.ghost.expect(keys)
 
     def release(self, request: object) -> None:
-        for g in self._fed():
+        for g in self.ghosts:
             g.release(request)
-
-    def _fed(self) -> list[GhostCache]:
-        """The ghosts the cache's events go to: every candidate's, and a trial's clone."""
-        return self.ghosts if self._trial is None else [*self.ghosts, self._trial.ghost]
+        if self._trial is not None:
+            self._trial.ghost.release(request)
 
     def stats(self) -> SelectorStats:
         return SelectorStats(followed=self.strategy.name, switches=self.switches, lookups=self.lookups,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hicache.cli.main import main
+from hicache.cli.replay_report import policy_rows
 from hicache.config import TreeConfig
 
 SMALL = ["--config", "deepseek-v4-flash", "--conversations", "4", "--device-pages", "24", "--host-pages", "16",
@@ -290,3 +291,15 @@ def test_a_misplaced_or_bad_block_size_is_one_line(capsys, tmp_path, monkeypatch
     assert main(["replay", "--config", "deepseek-v4-flash", "--quiet", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--block-size" in err[0] and says in err[0]
+
+
+def test_the_table_names_the_followed_order_its_switches_and_trials():
+    s = {"eviction": "adaptive", "policy_followed": "value", "policy_switches": 2, "policy_trials": 3,
+         "policy_looked_up_pages": 1000, "policy_regret_pages": 25, "ghost_hit_pages": {"lru": 800, "value": 850},
+         "hit_tokens": 1000, "policy_ghost_hit_tokens": 990}
+    assert policy_rows(s) == [
+        ["eviction adaptive: following / switches / trials", "value / 2 / 3"],
+        ["  regret (best candidate's ghost hits - followed)", "2.50% of looked-up pages"],
+        ["  ghost hit rate: lru", "80.0%"], ["  ghost hit rate: value", "85.0%"],
+        ["  followed ghosts' hits / the cache's hits", "0.990"]]
+    assert policy_rows({"eviction": "lru"}) == [["eviction", "lru"]]

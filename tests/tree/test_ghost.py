@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache.tree import CANDIDATES, LRU, Ranked, Value, get_strategy
-from hicache.tree.ghost import GhostCache, page_keys
+from hicache.tree.ghost import GhostCache
+from hicache.tree.ghost_nodes import page_keys
 
 
 def serve(g: GhostCache, req: object, keys: list, kind: str | None = "prompt_end") -> int:
