@@ -6,7 +6,6 @@ from hypothesis import strategies as st
 
 from hicache.tree import CANDIDATES, LRU, Ranked, Value, get_strategy
 from hicache.tree.ghost import GhostCache
-from hicache.tree.ghost_nodes import page_keys
 
 
 def serve(g: GhostCache, req: object, keys: list, kind: str | None = "prompt_end") -> int:
@@ -333,15 +332,6 @@ def test_eviction_takes_the_smallest_key_a_full_scan_finds():
             g.publish(req, keys, str(rng.choice(["prompt_end", "finish", "prefill"])), True)
             g.release(req)
             g.check()
-
-
-def test_page_keys_chain_the_prefix():
-    t = np.arange(40, dtype=np.int32)
-    u = t.copy()
-    u[25] = 999                                  # differs in page 2 (tokens 20-29)
-    a, b = page_keys(t, 10, 4), page_keys(u, 10, 4)
-    assert a[:2] == b[:2] and a[2] != b[2] and a[3] != b[3]
-    assert page_keys(t, 10, 2) == a[:2] and page_keys(t, 10, 0) == []
 
 
 def test_the_named_candidates_are_ranked_strategies():
