@@ -45,6 +45,12 @@ def check_adaptive_trial(field: str, value: object) -> int:
     return check_int(field, value, minimum=0, reason="must be a number of lookups, 0 (off) or more")
 
 
+def check_adaptive_dead_outputs(field: str, value: object) -> int:
+    """``adaptive_dead_outputs`` (config key or flag): prompts seen to go past a decode's
+    start without entering it, none ever into one, before the floor drops idle tails first."""
+    return check_int(field, value, minimum=0, reason="must be a number of lookups, 0 (off) or more")
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """Radix tree policies: eviction order and state-snapshot retention.
@@ -70,7 +76,12 @@ class TreeConfig:
     candidate's ghost ranking by the new order, and taken only if that copy beat the
     followed ghost by such a lead (what a switch costs from where the cache stands, which
     a ghost that followed the new order all along does not show), and the floor's exit
-    goes to ``lru`` itself, other candidates being tried from there. No switch before ``adaptive_window``
+    goes to ``lru`` itself, other candidates being tried from there. With
+    ``adaptive_dead_outputs`` N > 0 (and the floor on) the floor drops a decode's idle tail
+    first (``lru-tails``) once N prompts were seen to go on past where a decode began
+    without entering its output and none ever entered one (page keys, apart from any
+    tree: :mod:`hicache.tree.outputs`); the first prompt that enters one sends it back to
+    plain LRU for good. No switch before ``adaptive_window``
     lookups: the first candidate (``lru`` in the defaults) is followed until the ghosts'
     scores cover a whole window
     (:mod:`hicache.tree.selector`, docs/policy.md).
@@ -86,6 +97,7 @@ class TreeConfig:
     adaptive_record: int = 4
     adaptive_z: float = 2.0
     adaptive_trial: int = 300
+    adaptive_dead_outputs: int = 32
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_POLICIES:
@@ -107,6 +119,7 @@ class TreeConfig:
         check_int("adaptive_record", self.adaptive_record, minimum=1, reason="must be a positive number of windows")
         check_adaptive_z("adaptive_z", self.adaptive_z)
         check_adaptive_trial("adaptive_trial", self.adaptive_trial)
+        check_adaptive_dead_outputs("adaptive_dead_outputs", self.adaptive_dead_outputs)
 
 
 @dataclass(frozen=True)
@@ -262,6 +275,7 @@ _FIELDS: dict[str, tuple[str, str, Any]] = {
     "adaptive_floor": ("tree", "adaptive_floor", None),
     "adaptive_record": ("tree", "adaptive_record", None),
     "adaptive_z": ("tree", "adaptive_z", None),
+    "adaptive_dead_outputs": ("tree", "adaptive_dead_outputs", None),
     "adaptive_trial": ("tree", "adaptive_trial", None),
     "write_policy": ("write", "write_policy", None),
     "write_through_threshold": ("write", "write_through_threshold", None),

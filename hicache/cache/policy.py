@@ -131,7 +131,9 @@ class ConfiguredPolicy:
                                             margin=tree.adaptive_margin, margin_hits=tree.adaptive_margin_hits,
                                             floor="lru" if tree.adaptive_floor and "lru" in names else None,
                                             record_windows=tree.adaptive_record, z=tree.adaptive_z,
-                                            trial=tree.adaptive_trial)
+                                            trial=tree.adaptive_trial,
+                                            tails=get_strategy("lru-tails", stateless=stateless),
+                                            dead_outputs=tree.adaptive_dead_outputs)
         elif tree.eviction == "adaptive":
             self._fixed = get_strategy(names[0], stateless=stateless)
         self._keys = _PageKeys(page_tokens)

@@ -34,8 +34,8 @@ from hicache.cli.common import (at_least, check_output, parse_candidates, parse_
 from hicache.cli.limits import check_units
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
-from hicache.config import (EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, check_adaptive_trial,
-                            check_adaptive_z, load_config)
+from hicache.config import (EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, check_adaptive_dead_outputs,
+                            check_adaptive_trial, check_adaptive_z, load_config)
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, read_config_file
 from hicache.storage import mask_url
@@ -110,6 +110,10 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--adaptive-trial", type=int, metavar="N",
                    help="eviction adaptive: try a switch for N lookups in a copy of the followed ghost first, "
                         "and take it only if the copy beat staying (default: the config's; 0 off)")
+    p.add_argument("--adaptive-dead-outputs", type=int, metavar="N",
+                   help="eviction adaptive: once N prompts went on past a decode's start without entering its "
+                        "output (and none entered one), the LRU floor drops such idle tails first "
+                        "(default: the config's, 32; 0 off)")
     p.add_argument("--adaptive-floor", choices=["on", "off"],
                    help="eviction adaptive: leave a followed candidate as soon as its ghost hits less than "
                         "LRU's over the window (default: the config's, on)")
@@ -225,6 +229,8 @@ def cache_overrides(args: argparse.Namespace) -> dict:
         out["adaptive_z"] = check_adaptive_z("--adaptive-z", args.adaptive_z)
     if args.adaptive_trial is not None:
         out["adaptive_trial"] = check_adaptive_trial("--adaptive-trial", args.adaptive_trial)
+    if args.adaptive_dead_outputs is not None:
+        out["adaptive_dead_outputs"] = check_adaptive_dead_outputs("--adaptive-dead-outputs", args.adaptive_dead_outputs)
     if args.adaptive_floor is not None:
         out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":

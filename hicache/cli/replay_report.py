@@ -167,6 +167,7 @@ def build_summary(cache, report, requests, layout, ecfg) -> dict:
         "adaptive_record": cache.config.tree.adaptive_record,
         "adaptive_z": cache.config.tree.adaptive_z,
         "adaptive_trial": cache.config.tree.adaptive_trial,
+        "adaptive_dead_outputs": cache.config.tree.adaptive_dead_outputs,
         "policy_trials": s.get("policy_trials", 0),
         "policy_followed": s.get("policy_followed", cache.config.tree.eviction),   # adaptive: its choice at the end
         "policy_switches": s.get("policy_switches", 0),

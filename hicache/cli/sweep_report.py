@@ -27,7 +27,8 @@ PLACES = 4   # build_summary rounds the hit rates to 4 places
 # The fields of one replay that each policy's entry in a --policies point carries.
 POLICY_KEYS = ("hit_rate", "hit_rate_last_half", "hit_rate_last_half_sim", "hit_rate_last_half_served", "eviction",
                "adaptive_candidates", "adaptive_floor", "adaptive_record", "adaptive_z",
-               "adaptive_trial", "policy_followed", "policy_switches", "policy_trials", "policy_regret_pages", "ghost_hit_pages", "rejected_requests",
+               "adaptive_trial", "adaptive_dead_outputs", "policy_followed", "policy_switches", "policy_trials",
+               "policy_regret_pages", "ghost_hit_pages", "rejected_requests",
                "device_hit_tokens", "host_hit_tokens", "l3_hit_tokens", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
                "queue_p90_s", "preemptions", "verified_pages", "mismatched_pages", "wall_s")
 # The simulator's fields of a point (None where it did not run).

@@ -258,8 +258,12 @@ class Value(Ranked):
         return node.snapshots_below > 0 and node.branches <= 1 and not node.forked
 
 
-# The named candidates of ``eviction: adaptive`` (each also usable alone as ``eviction``).
+# The named candidates of ``eviction: adaptive`` (each also usable alone as ``eviction``),
+# and ``lru-tails``: the order ``adaptive``'s LRU floor takes once the traffic shows that no
+# prompt reads a decode's output (:mod:`hicache.tree.outputs`); not an ``eviction`` of its
+# own, since alone nothing would turn it off where outputs are read.
 CANDIDATES: dict[str, dict[str, bool]] = {
+    "lru-tails": {"idle_tails_first": True},
     "reuse": {"superseded_first": True, "forks_last": True, "refresh_forks": True},
     "reuse-prompt": {"superseded_first": True, "idle_tails_first": True},
     "reuse-prompt-late": {"superseded_first": True, "passed_only": True, "idle_tails_first": True},

@@ -34,6 +34,12 @@ selector compares the candidates' ghost hits over the last ``window`` lookups::
                tried from there
     warm-up    no switch before `window` lookups: the first candidate (plain LRU) is
                followed until the scores cover a whole window
+    tails      (``tails`` and ``dead_outputs`` > 0, with a floor) the floor ranks by
+               ``tails`` (LRU with a decode's idle tail first) once ``dead_outputs``
+               prompts went on past a decode's start without entering its output and
+               none ever entered one, and by plain LRU again, for good, from the first
+               that does (:mod:`hicache.tree.outputs`: counted from page keys, so no
+               ghost's evictions confirm it)
 
 Why two scales. A lead counted in looked-up pages asks for a lead *relative to the hits*
 that grows as the hit rate falls: at a 3% margin, 4% more hits at an 80% hit rate but 30%
@@ -127,6 +133,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable, Sequence
 
 from hicache.tree.ghost import GhostCache
+from hicache.tree.outputs import OutputEvidence
 
 if TYPE_CHECKING:
     from hicache.tree.eviction import EvictionStrategy
@@ -165,17 +172,27 @@ class PolicySelector:
 
     def __init__(self, candidates: Sequence["EvictionStrategy"], capacity_units: float, snapshot_units: float, *,
                  stateless: bool = False, window: int = 300, margin: float = 0.01, margin_hits: float = 0.0,
-                 floor: str | None = None, record_windows: int = 4, z: float = 0.0, trial: int = 0):
+                 floor: str | None = None, record_windows: int = 4, z: float = 0.0, trial: int = 0,
+                 tails: "EvictionStrategy | None" = None, dead_outputs: int = 0):
         assert candidates, "at least one candidate"
         names = [c.name for c in candidates]
         assert len(set(names)) == len(names), f"candidate names must differ: {names}"
         self.candidates = tuple(candidates)
+        self._names = tuple(names)
         self.ghosts = [GhostCache(c, capacity_units, snapshot_units, stateless=stateless) for c in candidates]
         self.window = window
         self.margin = margin
         self.margin_hits = margin_hits
         assert floor is None or floor in names, f"the floor {floor!r} is not a candidate: {names}"
         self._floor = names.index(floor) if floor is not None else None
+        # the floor's order once the traffic shows decodes' outputs are never read (`tails`)
+        assert dead_outputs >= 0, f"dead_outputs must be a non-negative number of lookups: {dead_outputs}"
+        self._outputs: OutputEvidence | None = None
+        self._floor_orders: tuple["EvictionStrategy", "EvictionStrategy"] | None = None
+        if tails is not None and dead_outputs > 0 and self._floor is not None:
+            self._outputs = OutputEvidence(dead_outputs, limit=2 * int(capacity_units) + 64)
+            self._floor_orders = (self.candidates[self._floor], tails)
+        self._prompt_pages: dict[object, int] = {}   # request -> its prompt's whole pages
         assert record_windows >= 1, f"record_windows must be at least 1: {record_windows}"
         self.record = record_windows * window
         assert z >= 0, f"z must be non-negative: {z}"
@@ -214,6 +231,7 @@ class PolicySelector:
         """A lease opened for ``keys`` (``prompt_pages``: its prompt's whole pages, see
         :meth:`GhostCache.lookup`); True when the followed candidate changed."""
         hits = tuple(g.lookup(request, keys, prompt_pages) for g in self.ghosts)
+        self._prompt_pages[request] = len(keys) if prompt_pages is None else prompt_pages
         self._followed_hits += hits[self.followed]
         self.followed_hit_pages += hits[self.followed]
         n = len(keys)
@@ -251,7 +269,25 @@ class PolicySelector:
             self._since = 0
             self.regret_pages += max(max(self._sums) - self._followed_hits, 0)
             self._followed_hits = 0
-        return self._choose()
+        floor_changed = self._observe_outputs(keys)
+        return self._choose() or floor_changed
+
+    def _observe_outputs(self, keys: Sequence[Hashable]) -> bool:
+        """Feed the output evidence; when it settles either way, the floor ranks by the
+        other of its two orders (plain LRU, or LRU with idle tails first) from now on,
+        in its ghost and, if followed, in the cache. True if the cache must reorder."""
+        ev = self._outputs
+        if ev is None:
+            return False
+        was = ev.dead
+        ev.lookup(keys)
+        if ev.dead == was:
+            return False
+        assert self._floor is not None and self._floor_orders is not None
+        order = self._floor_orders[ev.dead]
+        self.candidates = tuple(order if i == self._floor else c for i, c in enumerate(self.candidates))
+        self.ghosts[self._floor].reorder(order)
+        return self.followed == self._floor
 
     def _spread(self, hits: tuple[int, ...], sign: int) -> None:
         if self.z <= 0:
@@ -356,6 +392,8 @@ class PolicySelector:
 
     # The cache's events go to every candidate's ghost and to a running trial's clone.
     def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:
+        if why == "finish" and self._outputs is not None and request in self._prompt_pages:
+            self._outputs.finished(keys, self._prompt_pages[request])
         for g in self.ghosts:
             g.publish(request, keys, why, snapshot)
         if self._trial is not None:
@@ -368,6 +406,7 @@ class PolicySelector:
             self._trial.ghost.expect(keys)
 
     def release(self, request: object) -> None:
+        self._prompt_pages.pop(request, None)
         for g in self.ghosts:
             g.release(request)
         if self._trial is not None:
@@ -376,6 +415,6 @@ class PolicySelector:
     def stats(self) -> SelectorStats:
         return SelectorStats(followed=self.strategy.name, switches=self.switches, lookups=self.lookups,
                              looked_up_pages=self.looked_up_pages,
-                             ghost_hit_pages={c.name: t for c, t in zip(self.candidates, self.total)},
+                             ghost_hit_pages=dict(zip(self._names, self.total)),
                              regret_pages=self.regret_pages, followed_hit_pages=self.followed_hit_pages,
                              window=self.window, trials=self.trials)
