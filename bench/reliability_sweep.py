@@ -55,7 +55,8 @@ def draw(rng: random.Random, ops: int) -> list[str]:
             "--budget", rng.choice(["split", "shared"]),
             "--adaptive-window", str(rng.choice([4, 16, 64])),
             "--adaptive-floor", rng.choice(["on", "on", "off"]), "--adaptive-record", str(rng.choice([1, 2, 4])),
-            "--adaptive-z", rng.choice(["0", "0", "2"]), "--adaptive-trial", rng.choice(["0", "0", "8"])]
+            "--adaptive-z", rng.choice(["0", "0", "2"]), "--adaptive-trial", rng.choice(["0", "0", "8"]),
+            "--adaptive-dead-outputs", rng.choice(["32", "1", "1"])]
     if hybrid:
         page_tokens = 16 if layout == "tiny-hybrid" else 256
         retention = rng.choice(["none", "0", str(page_tokens * rng.randint(1, 4))])

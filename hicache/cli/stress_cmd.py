@@ -5,6 +5,7 @@
                    [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu|value]
                    [--retention N|none] [--candidates P,P] [--adaptive-window N]
                    [--adaptive-floor on|off] [--adaptive-record W] [--adaptive-z Z] [--adaptive-trial N]
+                   [--adaptive-dead-outputs N]
                    [--max-queued-ops N] [--prefetch F]
                    [--fault-rate F] [--json]
 
@@ -26,8 +27,8 @@ from hicache.cli.common import at_least, parse_candidates, parse_retention, prin
 from hicache.cli.limits import check_seed_range
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
-from hicache.config import (EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, check_adaptive_trial,
-                            check_adaptive_z, load_config)
+from hicache.config import (EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, check_adaptive_dead_outputs,
+                            check_adaptive_trial, check_adaptive_z, load_config)
 from hicache.errors import ConfigError
 
 
@@ -74,6 +75,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--adaptive-trial", type=int, default=0, metavar="N",
                    help="eviction adaptive: lookups a switch is tried for in a copy of the followed ghost "
                         "before it is taken (default 0: at once)")
+    p.add_argument("--adaptive-dead-outputs", type=int, metavar="N",
+                   help="eviction adaptive: prompts seen to go past a decode's start without entering it, none "
+                        "into one, before the floor drops idle tails first (default: the config's; 1 makes "
+                        "the floor change order early and back at the first follow-up)")
     p.add_argument("--max-queued-ops", type=int,
                    help="copies the transfer queue holds before a submission is refused (default 4096)")
     p.add_argument("--prefetch", type=float, default=0.5,
@@ -119,6 +124,8 @@ def check_args(args: argparse.Namespace) -> range:
         at_least("--adaptive-record", args.adaptive_record, 1)
     check_adaptive_z("--adaptive-z", args.adaptive_z)
     check_adaptive_trial("--adaptive-trial", args.adaptive_trial)
+    if args.adaptive_dead_outputs is not None:
+        check_adaptive_dead_outputs("--adaptive-dead-outputs", args.adaptive_dead_outputs)
     return parse_seeds(args.seeds) if args.seeds is not None else range(args.seed, args.seed + 1)
 
 
@@ -165,6 +172,8 @@ def build_cache(args: argparse.Namespace):
         tree = dataclasses.replace(tree, adaptive_floor=args.adaptive_floor == "on")
     if args.adaptive_record is not None:
         tree = dataclasses.replace(tree, adaptive_record=args.adaptive_record)
+    if args.adaptive_dead_outputs is not None:
+        tree = dataclasses.replace(tree, adaptive_dead_outputs=args.adaptive_dead_outputs)
     if args.retention is not None:
         tree = dataclasses.replace(tree, retention_interval=parse_retention("--retention", args.retention))
     # The stress loop is synchronous: wait for each prefetch so L3 paths run every time.

@@ -141,6 +141,13 @@ def test_adaptive_trial_flag_reaches_the_run(capsys, trial, expect):
         assert out["policy_trials"] == 0
 
 
+@pytest.mark.parametrize("n, expect", [(None, TreeConfig().adaptive_dead_outputs), ("0", 0), ("5", 5)])
+def test_adaptive_dead_outputs_flag_reaches_the_run(capsys, n, expect):
+    flags = ["--adaptive-dead-outputs", n] if n else []
+    rc, out = replay(capsys, "--eviction", "adaptive", "--adaptive-window", "20", *flags)
+    assert rc == 0 and out["adaptive_dead_outputs"] == expect and out["mismatched_pages"] == 0
+
+
 @pytest.mark.parametrize("record, expect", [(None, 4), ("1", 1), ("9", 9)])
 def test_adaptive_record_flag_reaches_the_run(capsys, record, expect):
     flags = ["--adaptive-record", record] if record else []
@@ -151,7 +158,8 @@ def test_adaptive_record_flag_reaches_the_run(capsys, record, expect):
 @pytest.mark.parametrize("flag, bad", [("--candidates", "lru,nope"), ("--candidates", "lru,lru"),
                                        ("--candidates", ""), ("--adaptive-window", "0"),
                                        ("--adaptive-record", "0"), ("--adaptive-z", "-1"),
-                                       ("--adaptive-z", "nan"), ("--adaptive-trial", "-1")])
+                                       ("--adaptive-z", "nan"), ("--adaptive-trial", "-1"),
+                                       ("--adaptive-dead-outputs", "-1")])
 def test_a_bad_adaptive_flag_is_one_line(capsys, flag, bad):
     assert main(["replay", "--quiet", f"{flag}={bad}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

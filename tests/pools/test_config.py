@@ -106,6 +106,8 @@ def test_cache_config_parsing_and_errors():
                        ({"adaptive_z": "high"}, "cache.adaptive_z"),
                        ({"adaptive_trial": -1}, "cache.adaptive_trial"),
                        ({"adaptive_trial": 2.5}, "cache.adaptive_trial"),
+                       ({"adaptive_dead_outputs": -1}, "cache.adaptive_dead_outputs"),
+                       ({"adaptive_dead_outputs": "many"}, "cache.adaptive_dead_outputs"),
                        ({"storage_url": "localhost"}, "cache.storage_url"),
                        ({"prefetch_policy": "eager"}, "cache.prefetch_policy"),
                        ({"write_through_threshold": 0}, "cache.write_through_threshold")]:

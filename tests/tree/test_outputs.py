@@ -2,6 +2,8 @@
 orders that evidence picks between (hicache.tree.selector)."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hicache.tree import LRU, PolicySelector, get_strategy
 from hicache.tree.outputs import OutputEvidence
@@ -125,3 +127,41 @@ def test_without_the_evidence_or_a_floor_the_floor_order_never_changes(kwargs):
     sel = selector(**kwargs)
     Turns(sel, convs=2, through=False).rounds(5)
     assert sel.strategy.name == "lru" and sel._outputs is None
+
+
+def reference(events) -> tuple[int, int]:
+    """(through, around) by brute force: every finish kept, every prompt position checked."""
+    pairs: list[tuple[int, int]] = []
+    through = around = 0
+    for kind, keys, p in events:
+        if kind == "finish":
+            if 1 <= p < len(keys):
+                pairs.append((keys[p - 1], keys[p]))
+        elif not through:
+            ends = {e for e, _ in pairs}
+            if any((keys[i], keys[i + 1]) in pairs for i in range(len(keys) - 1)):
+                through += 1
+            elif any(keys[i] in ends for i in range(len(keys) - 1)):
+                around += 1
+    return through, around
+
+
+@st.composite
+def traffic(draw):
+    """Finishes and lookups over a small alphabet of page keys, so prompts meet decodes."""
+    keys = st.lists(st.integers(0, 7), min_size=0, max_size=6)
+    return draw(st.lists(st.one_of(st.tuples(st.just("finish"), keys, st.integers(0, 6)),
+                                   st.tuples(st.just("lookup"), keys, st.just(0))), max_size=40))
+
+
+@settings(max_examples=300, deadline=None)
+@given(traffic())
+def test_the_counts_match_a_brute_force_reading_of_the_same_traffic(events):
+    ev = OutputEvidence(needed=1, limit=10_000)
+    for kind, keys, p in events:
+        if kind == "finish":
+            ev.finished(keys, p)
+        else:
+            ev.lookup(keys)
+    assert (ev.through, ev.around) == reference(events)
+    assert ev.dead == (ev.through == 0 and ev.around >= 1)
