@@ -28,13 +28,16 @@ that goes through ends it for good (mixed traffic keeps plain LRU). ``needed`` i
 confidence, not a tuning: were one continuation in five to go through, 32 in a row going
 around would happen 0.8^32 < 0.1% of the time. A decode shorter than a page leaves no key
 of its own and is not counted. Memory: the starts of the last ``limit`` decodes (a cache
-of C pages holds at most C decode tails).
+of C pages holds at most C decode tails), and of the last ``PER_PROMPT`` decodes of one
+prompt (a prompt sampled many times).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Hashable, Sequence
+
+PER_PROMPT = 64   # decodes remembered per prompt end
 
 
 class OutputEvidence:
@@ -48,7 +51,8 @@ class OutputEvidence:
         self.limit = limit
         self.through = 0
         self.around = 0
-        self._starts: OrderedDict[Hashable, set[Hashable]] = OrderedDict()   # prompt's last page -> decodes' first
+        # prompt's last page -> its decodes' first pages (an ordered set, newest last)
+        self._starts: OrderedDict[Hashable, dict[Hashable, None]] = OrderedDict()
 
     @property
     def dead(self) -> bool:
@@ -63,12 +67,15 @@ class OutputEvidence:
         end = keys[prompt_pages - 1]
         starts = self._starts.get(end)
         if starts is None:
-            starts = self._starts[end] = set()
+            starts = self._starts[end] = {}
             if len(self._starts) > self.limit:
                 self._starts.popitem(last=False)
         else:
             self._starts.move_to_end(end)
-        starts.add(keys[prompt_pages])
+        starts.pop(keys[prompt_pages], None)
+        starts[keys[prompt_pages]] = None
+        if len(starts) > PER_PROMPT:   # one prompt decoded many ways: its oldest decodes go
+            del starts[next(iter(starts))]
 
     def lookup(self, keys: Sequence[Hashable]) -> None:
         """A prompt of page keys ``keys`` was looked up."""

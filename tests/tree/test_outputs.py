@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache.tree import LRU, PolicySelector, get_strategy
-from hicache.tree.outputs import OutputEvidence
+from hicache.tree.outputs import PER_PROMPT, OutputEvidence
 
 
 def test_a_prompt_into_a_decodes_output_goes_through_and_one_past_its_start_goes_around():
@@ -165,3 +165,15 @@ def test_the_counts_match_a_brute_force_reading_of_the_same_traffic(events):
             ev.lookup(keys)
     assert (ev.through, ev.around) == reference(events)
     assert ev.dead == (ev.through == 0 and ev.around >= 1)
+
+
+def test_one_prompt_decoded_many_ways_keeps_its_newest_decodes():
+    ev = OutputEvidence(needed=1, limit=100)
+    for d in range(PER_PROMPT + 1):
+        ev.finished([1, 1000 + d], prompt_pages=1)
+    ev.finished([1, 1001], prompt_pages=1)      # decoded again: newest now
+    ev.finished([1, 2000], prompt_pages=1)      # pushes out 1002, the oldest left
+    ev.lookup([1, 1002])
+    assert (ev.through, ev.around) == (0, 1)
+    ev.lookup([1, 1001])
+    assert (ev.through, ev.around) == (1, 1)
