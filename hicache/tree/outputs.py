@@ -6,7 +6,7 @@ state at their end (a ``finish`` snapshot) -- is worth keeping only if a later p
 next step carries its tool call. Where the next turn resumes at the previous *prompt's*
 end instead (a trace of block hashes without conversation ids, a reasoning model whose
 template drops the thinking), no prompt ever reads it, and plain LRU spends a share of
-the cache on bytes no hit can use: on ShareGPT without conversation ids 0.3 to 2.5 points
+the cache on bytes no hit can use: on ShareGPT without conversation ids up to 2.5 points
 of hit rate at the same bytes, enough to leave hicache's LRU under kvcache-simulator's
 (which caches prompts only). The selector's floor drops such tails first once the traffic
 has *shown* that shape (:class:`~hicache.tree.selector.PolicySelector`, ``tails``).
