@@ -202,9 +202,10 @@ class PolicySelector:
         self.trials = 0
         self._trial: _Trial | None = None
         k = len(candidates)
-        # over the window, per pair (i, j): the sum of (h_i - h_j)^2 over its lookups -- the
-        # spread a lead of sum(h_i - h_j) is judged against (`_clear`)
-        self._sq = [[0] * k for _ in range(k)]
+        # over the window, per candidate i: the sum of (h_i - h_followed)^2 over its lookups --
+        # the spread a lead over the followed one is judged against (`_clear`); rebuilt from
+        # the window at a switch, so a lookup costs O(k), not O(k^2) for every pair
+        self._sq = [0] * k
         self.followed = 0
         self.switches = 0
         self.lookups = 0
@@ -292,13 +293,9 @@ class PolicySelector:
     def _spread(self, hits: tuple[int, ...], sign: int) -> None:
         if self.z <= 0:
             return
-        k = len(hits)
-        for i in range(k):
-            row = self._sq[i]
-            for j in range(i + 1, k):
-                d = (hits[i] - hits[j]) ** 2 * sign
-                row[j] += d
-                self._sq[j][i] += d
+        f = hits[self.followed]
+        for i, h in enumerate(hits):
+            self._sq[i] += (h - f) ** 2 * sign
 
     def _record_spread(self, hits: tuple[int, ...], sign: int) -> None:
         if self.z <= 0 or self._floor is None:
@@ -315,11 +312,11 @@ class PolicySelector:
             return True
         return self._stands_clear(self._record_sums[i] - self._record_sums[self._floor], self._record_sq[i])
 
-    def _clear(self, i: int, j: int) -> bool:
-        """Candidate i's lead over j in the window stands clear of its lookups' spread:
-        more than ``z`` standard deviations of a sum of per-lookup differences that could
-        have had either sign (docstring above; always, with ``z`` 0)."""
-        return self._stands_clear(self._sums[i] - self._sums[j], self._sq[i][j])
+    def _clear(self, i: int) -> bool:
+        """Candidate i's lead over the followed one in the window stands clear of its
+        lookups' spread: more than ``z`` standard deviations of a sum of per-lookup
+        differences that could have had either sign (docstring above; always, with ``z`` 0)."""
+        return self._stands_clear(self._sums[i] - self._sums[self.followed], self._sq[i])
 
     def _stands_clear(self, lead: int, sq: int) -> bool:
         """A positive ``lead``, a sum of per-lookup differences whose squares sum to ``sq``,
@@ -344,7 +341,7 @@ class PolicySelector:
             best = max((i for i in trusted if i == floor or self._clear_on_record(i)),
                        key=lambda i: (self._sums[i], -i))
         elif (self._sums[best] - self._sums[self.followed] <= self._lead_needed()
-              or not self._clear(best, self.followed)):
+              or not self._clear(best)):
             return self._judge_trial(trusted)
         elif self.trial > 0:
             if self._trial is None:   # try it from where the cache stands before paying for it
@@ -358,6 +355,9 @@ class PolicySelector:
         self.followed = to
         self.switches += 1
         self._trial = None   # it was tried against the candidate followed until now
+        self._sq = [0] * len(self.ghosts)   # the window's spreads, now against the new one
+        for hits in self._recent:
+            self._spread(hits, 1)
         return True
 
     def _judge_trial(self, trusted: list[int]) -> bool:

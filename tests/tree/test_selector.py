@@ -346,3 +346,22 @@ def test_a_trial_is_dropped_when_its_candidates_ghost_falls_under_lru():
     sel, lru = trialled([13.0] * 80)
     sel.ghosts[1] = Listed([13.0] * 10 + [5.0] * 70)
     assert set(follow(sel, 40)) == {"lru"} and sel.switches == 0 and sel.stats().trials == 1
+
+
+def test_the_window_spread_is_kept_against_the_followed_candidate_across_switches():
+    # the spread a switch's lead is judged against, kept incrementally per candidate and
+    # rebuilt at each switch, equals the sum of squared differences recomputed from the window
+    rng = np.random.default_rng(3)
+    sel = PolicySelector([Never(), LRU(), get_strategy("reuse")], capacity_units=40, snapshot_units=2,
+                         window=40, margin=0.0, z=0.5)
+    chains = {c * 10_000: [c * 10_000] for c in range(6)}
+    seen = set()
+    for i in range(600):
+        keys = turn(chains, rng, i)
+        sel.lookup(i, keys)
+        seen.add(sel.followed)
+        f = sel.followed
+        assert sel._sq == [sum((h[c] - h[f]) ** 2 for h in sel._recent) for c in range(3)]
+        sel.publish(i, keys, "prompt_end", True)
+        sel.release(i)
+    assert sel.switches >= 1 and len(seen) >= 2
