@@ -35,7 +35,10 @@ prompt (a prompt sampled many times).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable, Sequence
+from typing import TYPE_CHECKING, Hashable, Sequence
+
+if TYPE_CHECKING:
+    from hicache.tree.eviction import EvictionStrategy
 
 PER_PROMPT = 64   # decodes remembered per prompt end
 
@@ -91,3 +94,31 @@ class OutputEvidence:
                     return
                 past = True
         self.around += past
+
+
+class FloorOrders:
+    """The selector floor's two orders and the evidence that picks between them: ``plain``
+    until the evidence shows outputs unread, ``tails`` from then on, ``plain`` again for
+    good once a prompt goes through one. Fed the cache's lookups, finish publishes and
+    releases (a request's prompt pages are needed to tell its decode's pages apart)."""
+
+    def __init__(self, plain: "EvictionStrategy", tails: "EvictionStrategy", needed: int, limit: int):
+        self.evidence = OutputEvidence(needed, limit)
+        self._orders = (plain, tails)
+        self._prompt_pages: dict[object, int] = {}   # request -> its prompt's whole pages
+
+    def lookup(self, request: object, keys: Sequence[Hashable], prompt_pages: int) -> "EvictionStrategy | None":
+        """A lease opened for ``keys``; the floor's new order if the evidence just settled
+        either way, else None."""
+        self._prompt_pages[request] = prompt_pages
+        ev = self.evidence
+        was = ev.dead
+        ev.lookup(keys)
+        return None if ev.dead == was else self._orders[ev.dead]
+
+    def publish(self, request: object, keys: Sequence[Hashable], why: str) -> None:
+        if why == "finish" and request in self._prompt_pages:
+            self.evidence.finished(keys, self._prompt_pages[request])
+
+    def release(self, request: object) -> None:
+        self._prompt_pages.pop(request, None)

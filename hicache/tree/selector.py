@@ -133,7 +133,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Hashable, Sequence
 
 from hicache.tree.ghost import GhostCache
-from hicache.tree.outputs import OutputEvidence
+from hicache.tree.outputs import FloorOrders
 
 if TYPE_CHECKING:
     from hicache.tree.eviction import EvictionStrategy
@@ -187,12 +187,10 @@ class PolicySelector:
         self._floor = names.index(floor) if floor is not None else None
         # the floor's order once the traffic shows decodes' outputs are never read (`tails`)
         assert dead_outputs >= 0, f"dead_outputs must be a non-negative number of lookups: {dead_outputs}"
-        self._outputs: OutputEvidence | None = None
-        self._floor_orders: tuple["EvictionStrategy", "EvictionStrategy"] | None = None
+        self._outputs: FloorOrders | None = None
         if tails is not None and dead_outputs > 0 and self._floor is not None:
-            self._outputs = OutputEvidence(dead_outputs, limit=2 * int(capacity_units) + 64)
-            self._floor_orders = (self.candidates[self._floor], tails)
-        self._prompt_pages: dict[object, int] = {}   # request -> its prompt's whole pages
+            self._outputs = FloorOrders(self.candidates[self._floor], tails, dead_outputs,
+                                        limit=2 * int(capacity_units) + 64)
         assert record_windows >= 1, f"record_windows must be at least 1: {record_windows}"
         self.record = record_windows * window
         assert z >= 0, f"z must be non-negative: {z}"
@@ -232,7 +230,6 @@ class PolicySelector:
         """A lease opened for ``keys`` (``prompt_pages``: its prompt's whole pages, see
         :meth:`GhostCache.lookup`); True when the followed candidate changed."""
         hits = tuple(g.lookup(request, keys, prompt_pages) for g in self.ghosts)
-        self._prompt_pages[request] = len(keys) if prompt_pages is None else prompt_pages
         self._followed_hits += hits[self.followed]
         self.followed_hit_pages += hits[self.followed]
         n = len(keys)
@@ -270,25 +267,16 @@ class PolicySelector:
             self._since = 0
             self.regret_pages += max(max(self._sums) - self._followed_hits, 0)
             self._followed_hits = 0
-        floor_changed = self._observe_outputs(keys)
+        floor_changed = False
+        if self._outputs is not None:   # the floor takes its other order: its ghost, and the cache if followed
+            order = self._outputs.lookup(request, keys, len(keys) if prompt_pages is None else prompt_pages)
+            if order is not None:
+                f = self._floor
+                assert f is not None
+                self.candidates = tuple(order if i == f else c for i, c in enumerate(self.candidates))
+                self.ghosts[f].reorder(order)
+                floor_changed = self.followed == f
         return self._choose() or floor_changed
-
-    def _observe_outputs(self, keys: Sequence[Hashable]) -> bool:
-        """Feed the output evidence; when it settles either way, the floor ranks by the
-        other of its two orders (plain LRU, or LRU with idle tails first) from now on,
-        in its ghost and, if followed, in the cache. True if the cache must reorder."""
-        ev = self._outputs
-        if ev is None:
-            return False
-        was = ev.dead
-        ev.lookup(keys)
-        if ev.dead == was:
-            return False
-        assert self._floor is not None and self._floor_orders is not None
-        order = self._floor_orders[ev.dead]
-        self.candidates = tuple(order if i == self._floor else c for i, c in enumerate(self.candidates))
-        self.ghosts[self._floor].reorder(order)
-        return self.followed == self._floor
 
     def _spread(self, hits: tuple[int, ...], sign: int) -> None:
         if self.z <= 0:
@@ -392,8 +380,8 @@ class PolicySelector:
 
     # The cache's events go to every candidate's ghost and to a running trial's clone.
     def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:
-        if why == "finish" and self._outputs is not None and request in self._prompt_pages:
-            self._outputs.finished(keys, self._prompt_pages[request])
+        if self._outputs is not None:
+            self._outputs.publish(request, keys, why)
         for g in self.ghosts:
             g.publish(request, keys, why, snapshot)
         if self._trial is not None:
@@ -406,7 +394,8 @@ class PolicySelector:
             self._trial.ghost.expect(keys)
 
     def release(self, request: object) -> None:
-        self._prompt_pages.pop(request, None)
+        if self._outputs is not None:
+            self._outputs.release(request)
         for g in self.ghosts:
             g.release(request)
         if self._trial is not None:

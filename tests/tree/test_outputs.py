@@ -112,14 +112,15 @@ def test_the_floor_drops_idle_tails_first_once_outputs_are_shown_unread_and_retu
     assert sel.strategy.name == "lru" and sel.ghosts[0].strategy.name == "lru"
     t.through = False
     assert not any(t.rounds(20))
-    assert sel.strategy.name == "lru" and sel._outputs is not None and sel._outputs.through == 1
+    assert sel.strategy.name == "lru" and sel._outputs is not None and sel._outputs.evidence.through == 1
 
 
 def test_traffic_whose_prompts_carry_the_output_keeps_plain_lru():
     sel = selector(dead_outputs=1)
     assert not any(Turns(sel, convs=4, through=True).rounds(10))
-    ev = sel._outputs
-    assert sel.strategy.name == "lru" and ev is not None and ev.around == 0 and ev.through > 0
+    assert sel._outputs is not None
+    ev = sel._outputs.evidence
+    assert sel.strategy.name == "lru" and ev.around == 0 and ev.through > 0
 
 
 @pytest.mark.parametrize("kwargs", [{"dead_outputs": 0}, {"floor": None}, {"tails": None}])
