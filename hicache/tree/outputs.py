@@ -24,12 +24,13 @@ from page keys alone, remembering where each recent decode left its prompt::
     (a prompt that ends at a remembered page repeats it: neither)
 
 ``dead`` holds once ``needed`` lookups went around and none ever went through; the first
-that goes through ends it for good (mixed traffic keeps plain LRU). ``needed`` is a
-confidence, not a tuning: were one continuation in five to go through, 32 in a row going
-around would happen 0.8^32 < 0.1% of the time. A decode shorter than a page leaves no key
-of its own and is not counted. Memory: the starts of the last ``limit`` decodes (a cache
-of C pages holds at most C decode tails), and of the last ``PER_PROMPT`` decodes of one
-prompt (a prompt sampled many times).
+that goes through ends it for good (traffic that mixes the two shapes ends on plain
+LRU). ``needed`` is a confidence, not a tuning: were one continuation in five to go
+through, 32 in a row going around would happen 0.8^32 < 0.1% of the time. A decode
+shorter than a page leaves no key of its own and is not counted. Memory: the decodes'
+starts of the last ``limit`` prompt ends (a cache of C pages holds at most C decode
+tails), at most ``PER_PROMPT`` per prompt end (a prompt sampled many times keeps its
+newest).
 """
 
 from __future__ import annotations
