@@ -40,14 +40,10 @@ def check_adaptive_z(field: str, value: object) -> float:
                         reason="must be a number of standard deviations, 0 (off) to 100")
 
 
-def check_adaptive_trial(field: str, value: object) -> int:
-    """``adaptive_trial`` (config key or flag): lookups a switch is tried for first."""
-    return check_int(field, value, minimum=0, reason="must be a number of lookups, 0 (off) or more")
-
-
-def check_adaptive_dead_outputs(field: str, value: object) -> int:
-    """``adaptive_dead_outputs`` (config key or flag): prompts seen to go past a decode's
-    start without entering it, none ever into one, before the floor drops idle tails first."""
+def check_lookups(field: str, value: object) -> int:
+    """A count of lookups, 0 (off) or more (config key or flag): ``adaptive_trial``, the
+    lookups a switch is tried for first; ``adaptive_dead_outputs``, the prompts seen to go
+    past a decode's start, none into one, before the floor drops idle tails first."""
     return check_int(field, value, minimum=0, reason="must be a number of lookups, 0 (off) or more")
 
 
@@ -118,8 +114,8 @@ class TreeConfig:
         check_bool("adaptive_floor", self.adaptive_floor)
         check_int("adaptive_record", self.adaptive_record, minimum=1, reason="must be a positive number of windows")
         check_adaptive_z("adaptive_z", self.adaptive_z)
-        check_adaptive_trial("adaptive_trial", self.adaptive_trial)
-        check_adaptive_dead_outputs("adaptive_dead_outputs", self.adaptive_dead_outputs)
+        check_lookups("adaptive_trial", self.adaptive_trial)
+        check_lookups("adaptive_dead_outputs", self.adaptive_dead_outputs)
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from hicache.cli.common import (at_least, check_output, parse_candidates, parse_
 from hicache.cli.limits import check_units
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
-from hicache.config import (EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, check_adaptive_dead_outputs,
-                            check_adaptive_trial, check_adaptive_z, load_config)
+from hicache.config import (EVICTION_POLICIES, NO_L3, HiCacheConfig, StorageConfig, check_adaptive_z,
+                            check_lookups, load_config)
 from hicache.errors import ConfigError
 from hicache.layout import CacheLayout, read_config_file
 from hicache.storage import mask_url
@@ -228,9 +228,9 @@ def cache_overrides(args: argparse.Namespace) -> dict:
     if args.adaptive_z is not None:
         out["adaptive_z"] = check_adaptive_z("--adaptive-z", args.adaptive_z)
     if args.adaptive_trial is not None:
-        out["adaptive_trial"] = check_adaptive_trial("--adaptive-trial", args.adaptive_trial)
+        out["adaptive_trial"] = check_lookups("--adaptive-trial", args.adaptive_trial)
     if args.adaptive_dead_outputs is not None:
-        out["adaptive_dead_outputs"] = check_adaptive_dead_outputs("--adaptive-dead-outputs", args.adaptive_dead_outputs)
+        out["adaptive_dead_outputs"] = check_lookups("--adaptive-dead-outputs", args.adaptive_dead_outputs)
     if args.adaptive_floor is not None:
         out["adaptive_floor"] = args.adaptive_floor == "on"
     if args.bytes != "real":

@@ -27,8 +27,8 @@ from hicache.cli.common import at_least, parse_candidates, parse_retention, prin
 from hicache.cli.limits import check_seed_range
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
-from hicache.config import (EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, check_adaptive_dead_outputs,
-                            check_adaptive_trial, check_adaptive_z, load_config)
+from hicache.config import (EVICTION_POLICIES, HOST_TIERS, WRITE_POLICIES, check_adaptive_z,
+                            check_lookups, load_config)
 from hicache.errors import ConfigError
 
 
@@ -123,9 +123,9 @@ def check_args(args: argparse.Namespace) -> range:
     if args.adaptive_record is not None:
         at_least("--adaptive-record", args.adaptive_record, 1)
     check_adaptive_z("--adaptive-z", args.adaptive_z)
-    check_adaptive_trial("--adaptive-trial", args.adaptive_trial)
+    check_lookups("--adaptive-trial", args.adaptive_trial)
     if args.adaptive_dead_outputs is not None:
-        check_adaptive_dead_outputs("--adaptive-dead-outputs", args.adaptive_dead_outputs)
+        check_lookups("--adaptive-dead-outputs", args.adaptive_dead_outputs)
     return parse_seeds(args.seeds) if args.seeds is not None else range(args.seed, args.seed + 1)
 
 
