@@ -54,7 +54,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Hashable, Sequence
 
-from hicache.tree.ghost_nodes import GhostNode, GhostSnapshot
+from hicache.tree.ghost_nodes import GhostNode, GhostSnapshot, check_trie, copy_trie
 
 if TYPE_CHECKING:
     from hicache.tree.eviction import EvictionStrategy
@@ -118,24 +118,7 @@ class GhostCache:
         that ranks by ``strategy`` from now on: what the cache would hold if it switched
         to ``strategy`` now, fed the same events from here (the selector's trial). O(n)."""
         twin = GhostCache(strategy, self.capacity, self.snapshot_units, stateless=self.stateless)
-        new: dict[int, GhostNode] = {id(self.root): twin.root}
-        for key, old in self.nodes.items():   # every node first, then the links between them
-            node = GhostNode(key, None, old.depth, old.last_access)
-            new[id(old)] = node
-            for name in ("hit_count", "forked", "decoded", "branches", "snapshots_below", "pins", "spins"):
-                setattr(node, name, getattr(old, name))
-            snap = old.snapshot
-            if snap is not None:
-                copy = node.snapshot = GhostSnapshot(snap.last_access, snap.kind)
-                copy.resumed, copy.passed, copy.expected = snap.resumed, snap.passed, snap.expected
-            twin.nodes[key] = node
-        for old in (self.root, *self.nodes.values()):
-            node = new[id(old)]
-            if old.parent is not None:
-                node.parent = new[id(old.parent)]
-            node.children = {k: new[id(c)] for k, c in old.children.items()}
-        for name in ("branches", "forked", "snapshots_below"):
-            setattr(twin.root, name, getattr(self.root, name))
+        new = copy_trie(self.root, self.nodes, twin.root, twin.nodes)
         twin.used, twin.clock = self.used, self.clock
         twin._held = {r: [new[id(n)] for n in held] for r, held in self._held.items()}
         twin._snap_held = {r: [None if n is None else new[id(n)] for n in slots]
@@ -416,15 +399,4 @@ class GhostCache:
         pages = len(self.nodes)
         snaps = sum(1 for n in self.nodes.values() if n.snapshot is not None)
         assert abs(self.used - (pages + snaps * self.snapshot_units)) < 1e-6, (self.used, pages, snaps)
-        for node in list(self.nodes.values()) + [self.root]:
-            taken = sum(not c.decoded for c in node.children.values())
-            assert node.branches == taken, (node.key, node.branches, taken)
-            assert node.forked or taken < 2 or node is self.root, (node.key, "branches but not forked")
-        for node in self.nodes.values():
-            below = 0
-            stack = list(node.children.values())
-            while stack:
-                c = stack.pop()
-                below += c.snapshot is not None
-                stack.extend(c.children.values())
-            assert below == node.snapshots_below, (node.key, below, node.snapshots_below)
+        check_trie(self.root, self.nodes)

@@ -11,7 +11,7 @@ from typing import Hashable
 import numpy as np
 import xxhash
 
-__all__ = ["GhostNode", "GhostSnapshot", "page_keys"]
+__all__ = ["GhostNode", "GhostSnapshot", "check_trie", "copy_trie", "page_keys"]
 
 
 class GhostSnapshot:
@@ -50,6 +50,49 @@ class GhostNode:
         self.spins = 0   # running requests that hold this page's snapshot (resume point, newest published)
         self.gen = 0     # sequence number of its live page-heap entry (0: none)
         self.sgen = 0    # sequence number of its live snapshot-heap entry (0: none)
+
+
+def copy_trie(root: GhostNode, nodes: dict[Hashable, GhostNode], new_root: GhostNode,
+              new_nodes: dict[Hashable, GhostNode]) -> dict[int, GhostNode]:
+    """Copy the trie under ``root`` (its pages ``nodes`` by key, snapshots and counters
+    included) under ``new_root`` into ``new_nodes``; returns old node id -> its copy (the
+    root's too), for the caller's references into the trie (a ghost's pins)."""
+    new: dict[int, GhostNode] = {id(root): new_root}
+    for key, old in nodes.items():   # every node first, then the links between them
+        node = GhostNode(key, None, old.depth, old.last_access)
+        new[id(old)] = node
+        for name in ("hit_count", "forked", "decoded", "branches", "snapshots_below", "pins", "spins"):
+            setattr(node, name, getattr(old, name))
+        snap = old.snapshot
+        if snap is not None:
+            copy = node.snapshot = GhostSnapshot(snap.last_access, snap.kind)
+            copy.resumed, copy.passed, copy.expected = snap.resumed, snap.passed, snap.expected
+        new_nodes[key] = node
+    for old in (root, *nodes.values()):
+        node = new[id(old)]
+        if old.parent is not None:
+            node.parent = new[id(old.parent)]
+        node.children = {k: new[id(c)] for k, c in old.children.items()}
+    for name in ("branches", "forked", "snapshots_below"):
+        setattr(new_root, name, getattr(root, name))
+    return new
+
+
+def check_trie(root: GhostNode, nodes: dict[Hashable, GhostNode]) -> None:
+    """Recount every node's ``branches`` (children not a decode's), ``forked`` and
+    ``snapshots_below`` (tests)."""
+    for node in list(nodes.values()) + [root]:
+        taken = sum(not c.decoded for c in node.children.values())
+        assert node.branches == taken, (node.key, node.branches, taken)
+        assert node.forked or taken < 2 or node is root, (node.key, "branches but not forked")
+    for node in nodes.values():
+        below = 0
+        stack = list(node.children.values())
+        while stack:
+            c = stack.pop()
+            below += c.snapshot is not None
+            stack.extend(c.children.values())
+        assert below == node.snapshots_below, (node.key, below, node.snapshots_below)
 
 
 def page_keys(tokens: np.ndarray, page_tokens: int, pages: int, root: int = 0) -> list[int]:
