@@ -236,7 +236,8 @@ def _simulate(args: argparse.Namespace, work: Workload, layout, cfg, ecfg,
     When the engine rejected requests (longer than the device: no engine can run them, and
     no policy serves them), the simulator also runs on the trace of the served requests, at
     the same capacities: ``sim_lru_served`` / ``sim_optimal_served`` are the figures to set
-    beside ours over the same requests (``hit_rate_last_half_served``)."""
+    beside ours over the same requests (``hit_rate_last_half_served``); with every request
+    rejected, there are none (``sim_status_served`` ``none_served``)."""
     from hicache.engine import hybrid_ref, kvsim
 
     out: dict = {}
@@ -259,7 +260,9 @@ def _simulate(args: argparse.Namespace, work: Workload, layout, cfg, ecfg,
         refs = hybrid_ref.reference(trace, [s["capacity_blocks"] for s in sim["points"]], chunk_blocks=chunk_blocks,
                                     block_size=args.block_size)
         out["ref_chunk_blocks"] = chunk_blocks
-        if rejected:
+        if len(rejected) == n:   # nothing served: nothing to simulate over (the simulator refuses an empty trace)
+            served = [{"status": "none_served", "lru": None, "optimal": None}] * len(caps)
+        elif rejected:
             served = kvsim.simulate(_served_trace(args, work, rejected, layout.page_tokens, tmp), caps, model=model,
                                     kv_precision=args.sim_kv_precision, indexer_precision=args.sim_indexer_precision,
                                     backend=args.sim_backend, block_size=args.block_size)["points"]

@@ -221,3 +221,24 @@ def test_a_trace_without_block_size_sweeps_with_the_flag_as_with_the_field(trace
     assert with_flag["sim_block_size"] == 16 and with_flag["prompt_grain"] == 16
     keys = ("hit_rate_last_half", "sim_lru", "sim_optimal", "ref_hybrid_lru", "ref_block_lru")
     assert [[p[k] for k in keys] for p in with_flag["points"]] == [[p[k] for k in keys] for p in with_field["points"]]
+
+
+def test_requests_longer_than_the_device_are_simulated_over_the_served_ones_or_none(tmp_path, capsys):
+    # the 0.00003 GiB device holds a few hundred tokens: some prompts fit, the long ones not
+    short = synthetic(6, 5, system_prompts=1, system_len=20, turns=(1, 2), user_len=(10, 40), output_len=(5, 10))
+    long = synthetic(4, 6, system_prompts=1, system_len=3000, turns=(1, 2), user_len=(10, 40), output_len=(5, 10))
+    paths = {}
+    for name, reqs in (("some", short + long), ("all", long)):
+        paths[name] = tmp_path / f"{name}.jsonl"
+        write_trace(reqs, paths[name], block_size=16)
+    args = [*ARGS[:4], "--host-gib", "0.00005", "--quiet", "--bytes", "none", "--storage", "none://", "--json"]
+    assert main(["sweep", *args, "--trace", str(paths["some"])]) == 0
+    some = json.loads(capsys.readouterr().out)
+    assert 0 < some["rejected_requests"] < len(short) + len(long)
+    assert some["points"][0]["sim_status_served"] not in (None, "none_served")   # the simulator ran on the served
+    assert main(["sweep", *args, "--trace", str(paths["all"])]) == 0
+    every = json.loads(capsys.readouterr().out)
+    point = every["points"][0]
+    assert every["rejected_requests"] == len(long) and point["hit_rate"] == 0
+    assert (point["sim_status_served"], point["sim_lru_served"], point["sim_optimal_served"]) == ("none_served", None, None)
+    assert point["sim_lru"] is not None   # the whole trace, which has no device to be too long for
