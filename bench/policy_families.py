@@ -3,6 +3,7 @@
     python bench/policy_families.py --seeds 102,103 --out DIR [--families F,...]
         [--config deepseek-v4-flash] [--device-gib 0.25] [--host-gib 0.25,0.5,1]
         [--policies lru,adaptive] [--bytes none|real] [--jobs 2] [--report-only] [--json] [--plot F.png]
+    python bench/policy_families.py --shapes --seeds 2101 --out DIR [--families S,...] ...
 
 For each family and seed it writes the trace (``python -m hicache.engine.workloads ...
 --write-trace``, kvcache-simulator's format) and runs ``hicache sweep --trace`` on it with
@@ -23,6 +24,10 @@ Families (``N``: what the generator counts; the dev seeds were 0 and 1):
     sharegpt-nosys-noconv   the same requests, no conversation ids (block hashes only)
     reasoning, agentic, rag, mix, mix-poisson    100 units each
     production              3,000 requests, 512-token blocks
+
+``--shapes`` runs ``SHAPES`` instead: 22 sizes and shapes no rule was tuned on (other unit
+counts, 16- to 128-token blocks, every family without conversation ids, larger devices),
+each at its own device and host budgets; the table then has a device column.
 """
 
 from __future__ import annotations
@@ -48,10 +53,47 @@ FAMILIES: dict[str, list[str]] = {
 }
 
 
+# --shapes: sizes and shapes no policy rule was tuned on -- unit counts the families above do
+# not use, block sizes from 16 to 512 tokens, traces without conversation ids for every
+# family that has them, larger devices -- each at its own device and host budgets (GiB).
+SHAPES: dict[str, tuple[list[str], str, str]] = {
+    "sharegpt-nosys-noconv-b16": (["sharegpt-nosys", "--conversations", "150", "--block-size", "16",
+                                   "--no-conversation-ids"], "0.25", "0.5"),
+    "sharegpt-nosys-150": (["sharegpt-nosys", "--conversations", "150", "--block-size", "256"], "0.25", "0.25"),
+    "sharegpt-sys-noconv": (["sharegpt", "--conversations", "200", "--block-size", "256", "--no-conversation-ids"],
+                            "0.25", "0.25,0.5"),
+    "reasoning-40": (["reasoning", "--conversations", "40", "--block-size", "256"], "0.25", "0.25"),
+    "reasoning-250": (["reasoning", "--conversations", "250", "--block-size", "256"], "0.25", "1"),
+    "reasoning-noconv": (["reasoning", "--conversations", "100", "--block-size", "256", "--no-conversation-ids"],
+                         "0.25", "0.5"),
+    "agentic-50": (["agentic", "--conversations", "50", "--block-size", "256"], "0.25", "0.25"),
+    "agentic-250": (["agentic", "--conversations", "250", "--block-size", "256"], "0.25", "0.5"),
+    "agentic-250-d0.5": (["agentic", "--conversations", "250", "--block-size", "256"], "0.5", "1"),
+    "agentic-noconv": (["agentic", "--conversations", "100", "--block-size", "256", "--no-conversation-ids"],
+                       "0.25", "0.25,0.5,1"),
+    "rag-50": (["rag", "--conversations", "50", "--block-size", "256"], "0.25", "1"),
+    "rag-250": (["rag", "--conversations", "250", "--block-size", "256"], "0.25", "0.5"),
+    "mix-250": (["mix", "--conversations", "250", "--block-size", "256"], "0.25", "0.5"),
+    "mix-250-d0.5": (["mix", "--conversations", "250", "--block-size", "256"], "0.5", "2"),
+    "mix-noconv": (["mix", "--conversations", "100", "--block-size", "256", "--no-conversation-ids"], "0.25", "0.5"),
+    "mix-poisson-50": (["mix-poisson", "--conversations", "50", "--block-size", "256"], "0.25", "1"),
+    "mix-poisson-250": (["mix-poisson", "--conversations", "250", "--block-size", "256"], "0.25", "0.25"),
+    "mix-poisson-noconv": (["mix-poisson", "--conversations", "100", "--block-size", "256",
+                            "--no-conversation-ids"], "0.25", "0.5"),
+    "production-b64": (["production", "--requests", "3000", "--block-size", "64"], "0.25", "0.5"),
+    "production-b128": (["production", "--requests", "4000", "--block-size", "128"], "0.25", "0.25"),
+    "production-6k-d0.5": (["production", "--requests", "6000", "--block-size", "512"], "0.5", "2"),
+    "multi-turn-noconv": (["multi-turn", "--conversations", "150", "--block-size", "256", "--no-conversation-ids"],
+                          "0.25", "0.5"),
+}
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bench/policy_families.py", description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="100,101")
-    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--families", help=f"default: every family ({','.join(FAMILIES)}); with --shapes, every shape")
+    p.add_argument("--shapes", action="store_true",
+                   help="run the SHAPES table instead (each at its own device and host budgets)")
     p.add_argument("--out", required=True, help="directory for the traces and the sweeps' JSON")
     p.add_argument("--config", default="deepseek-v4-flash")
     p.add_argument("--device-gib", default="0.25")
@@ -64,9 +106,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plot", metavar="FILE.png", help="one panel per family: every policy and the simulator's "
                                                        "LRU and optimal against the host budget, a line style per seed")
     args = p.parse_args(argv)
-    unknown = [f for f in args.families.split(",") if f not in FAMILIES]
+    table = SHAPES if args.shapes else FAMILIES
+    if args.families is None:
+        args.families = ",".join(table)
+    unknown = [f for f in args.families.split(",") if f not in table]
     if unknown:
-        p.error(f"--families: unknown family {unknown[0]!r} (known: {', '.join(FAMILIES)})")
+        p.error(f"--families: unknown {'shape' if args.shapes else 'family'} {unknown[0]!r} (known: {', '.join(table)})")
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -82,10 +127,12 @@ def run_one(args: argparse.Namespace, out: Path, family: str, seed: int) -> Path
         return result if result.exists() else None
     py = [sys.executable, "-m"]
     if not trace.exists():
-        gen = py + ["hicache.engine.workloads", *FAMILIES[family], "--seed", str(seed), "--write-trace", str(trace)]
+        spec = SHAPES[family][0] if args.shapes else FAMILIES[family]
+        gen = py + ["hicache.engine.workloads", *spec, "--seed", str(seed), "--write-trace", str(trace)]
         subprocess.run(gen, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    device, host = SHAPES[family][1:] if args.shapes else (args.device_gib, args.host_gib)
     sweep = py + ["hicache.cli.main", "sweep", "--config", args.config, "--trace", str(trace),
-                  "--device-gib", args.device_gib, "--host-gib", args.host_gib, "--bytes", args.bytes,
+                  "--device-gib", device, "--host-gib", host, "--bytes", args.bytes,
                   "--jobs", str(args.jobs), "--policies", args.policies, "--json", "--quiet"]
     start = time.monotonic()
     done = subprocess.run(sweep, cwd=ROOT, capture_output=True, text=True)
@@ -112,7 +159,7 @@ def rows_of(family: str, seed: int, data: dict, policies: list[str]) -> list[dic
         floor_own = all(ours[policies[-1]] >= v for v in ours.values())
         # a gap under one point is not a gap to close (the share would only amplify noise)
         gap = None if lru is None or opt is None or opt - lru < 0.01 else (ours[policies[-1]] - lru) / (opt - lru)
-        rows.append({"family": family, "seed": seed, "host_gib": p["host_gib"], "rejected": data.get("rejected_requests", 0),
+        rows.append({"family": family, "seed": seed, "device_gib": p["device_gib"], "host_gib": p["host_gib"], "rejected": data.get("rejected_requests", 0),
                      **{f"{n}": ours[n] for n in policies}, "sim_lru": lru, "sim_optimal": opt, "served_only": served,
                      "gap_closed": gap, "followed": last.get("policy_followed"), "switches": last.get("policy_switches"),
                      "below_sim_lru": not floor_sim, "below_own": not floor_own, "wall_s": last.get("wall_s"),
@@ -180,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"config": args.config, "policies": policies, "rows": rows, "points": len(rows),
                           "below_floor": len(below)}, indent=1))
         return 0
-    head = ["family", "seed", "host GiB", *policies, "sim LRU", "optimal", "gap closed", "followed", "floor"]
+    head = ["shape" if args.shapes else "family", "seed", *(["device GiB"] if args.shapes else []), "host GiB", *policies, "sim LRU", "optimal", "gap closed", "followed", "floor"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
@@ -188,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             ("below sim LRU" if r["below_sim_lru"] else "below own")
         star = "*" if r["served_only"] else ""
         gap = "n/a" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.0f}%"
-        cells = [r["family"], str(r["seed"]), f"{r['host_gib']:g}", *(pct(r[n]) for n in policies),
+        cells = [r["family"], str(r["seed"]), *([f"{r['device_gib']:g}"] if args.shapes else []), f"{r['host_gib']:g}", *(pct(r[n]) for n in policies),
                  pct(r["sim_lru"]) + star, pct(r["sim_optimal"]) + star, gap, f"{r['followed']}", floor]
         print("| " + " | ".join(cells) + " |")
     served = [r for r in rows if r["served_only"]]
