@@ -243,7 +243,7 @@ def _simulate(args: argparse.Namespace, work: Workload, layout, cfg, ecfg,
     out: dict = {}
     n = len(work.requests)
     rejected = _rejected(summaries)
-    served = None
+    served: list[dict] | None = None
     with tempfile.TemporaryDirectory(prefix="hicache-sweep-") as tmp:
         trace = _trace_for_sim(args, work, layout.page_tokens, tmp)
         mean_prompt = sum(len(r.prompt) for r in work.requests) / n
