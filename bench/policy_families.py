@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.families = ",".join(table)
     unknown = [f for f in args.families.split(",") if f not in table]
     if unknown:
-        p.error(f"--families: unknown {'shape' if args.shapes else 'family'} {unknown[0]!r} (known: {', '.join(table)})")
+        kind = "shape" if args.shapes else "family"
+        p.error(f"--families: unknown {kind} {unknown[0]!r} (known: {', '.join(table)})")
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",")]
     except ValueError:
@@ -159,7 +160,8 @@ def rows_of(family: str, seed: int, data: dict, policies: list[str]) -> list[dic
         floor_own = all(ours[policies[-1]] >= v for v in ours.values())
         # a gap under one point is not a gap to close (the share would only amplify noise)
         gap = None if lru is None or opt is None or opt - lru < 0.01 else (ours[policies[-1]] - lru) / (opt - lru)
-        rows.append({"family": family, "seed": seed, "device_gib": p["device_gib"], "host_gib": p["host_gib"], "rejected": data.get("rejected_requests", 0),
+        rows.append({"family": family, "seed": seed, "device_gib": p["device_gib"], "host_gib": p["host_gib"],
+                     "rejected": data.get("rejected_requests", 0),
                      **{f"{n}": ours[n] for n in policies}, "sim_lru": lru, "sim_optimal": opt, "served_only": served,
                      "gap_closed": gap, "followed": last.get("policy_followed"), "switches": last.get("policy_switches"),
                      "below_sim_lru": not floor_sim, "below_own": not floor_own, "wall_s": last.get("wall_s"),
@@ -227,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"config": args.config, "policies": policies, "rows": rows, "points": len(rows),
                           "below_floor": len(below)}, indent=1))
         return 0
-    head = ["shape" if args.shapes else "family", "seed", *(["device GiB"] if args.shapes else []), "host GiB", *policies, "sim LRU", "optimal", "gap closed", "followed", "floor"]
+    device_col = ["device GiB"] if args.shapes else []
+    head = ["shape" if args.shapes else "family", "seed", *device_col, "host GiB", *policies, "sim LRU", "optimal",
+            "gap closed", "followed", "floor"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
@@ -235,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             ("below sim LRU" if r["below_sim_lru"] else "below own")
         star = "*" if r["served_only"] else ""
         gap = "n/a" if r["gap_closed"] is None else f"{100 * r['gap_closed']:.0f}%"
-        cells = [r["family"], str(r["seed"]), *([f"{r['device_gib']:g}"] if args.shapes else []), f"{r['host_gib']:g}", *(pct(r[n]) for n in policies),
+        cells = [r["family"], str(r["seed"]), *([f"{r['device_gib']:g}"] if device_col else []), f"{r['host_gib']:g}",
+                 *(pct(r[n]) for n in policies),
                  pct(r["sim_lru"]) + star, pct(r["sim_optimal"]) + star, gap, f"{r['followed']}", floor]
         print("| " + " | ".join(cells) + " |")
     served = [r for r in rows if r["served_only"]]
