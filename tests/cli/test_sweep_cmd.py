@@ -230,7 +230,8 @@ def test_requests_longer_than_the_device_are_simulated_over_the_served_ones_or_n
     paths = {}
     for name, reqs in (("some", short + long), ("all", long)):
         paths[name] = tmp_path / f"{name}.jsonl"
-        write_trace(reqs, paths[name], block_size=16)
+        # two draws whose conversation ids overlap: written as independent requests
+        write_trace(reqs, paths[name], block_size=16, conversation_ids=False)
     args = [*ARGS[:4], "--host-gib", "0.00005", "--quiet", "--bytes", "none", "--storage", "none://", "--json"]
     assert main(["sweep", *args, "--trace", str(paths["some"])]) == 0
     some = json.loads(capsys.readouterr().out)
