@@ -32,7 +32,9 @@ What a ghost holds::
               decode's marked ``decoded`` until a request goes through them; the snapshot
               attached with the boundary's kind; once past the request's fork, a
               ``branch`` snapshot there if it has none (the engine leaves one where its
-              own tree forks: each ghost takes the forks of its own tree)
+              own tree forks: each ghost takes the forks of its own tree); the room
+              made with the snapshots the request held until now still held (the
+              engine allocated those pages while it held them), then they are let go
     expect    the resume path and snapshot touched (a queued request), nothing pinned
     release   the request's pins go
     evict     while over capacity: the smallest of
@@ -258,15 +260,20 @@ class GhostCache:
             self._hold_snapshot(request, 0, path[resume - 1])
         return resume
 
-    def _hold_snapshot(self, request: object, slot: int, node: GhostNode | None) -> None:
+    def _hold_snapshot(self, request: object, slot: int, node: GhostNode | None,
+                       released: list[GhostNode] | None = None) -> None:
         """A running request holds the snapshot of ``node`` in ``slot`` (0: the one it
-        resumed from, 1: the newest it published), as a lease pins them."""
+        resumed from, 1: the newest it published), as a lease pins them; the one held there
+        until now is let go, or added to ``released`` for the caller to let go."""
         slots = self._snap_held.setdefault(request, [None, None])
         old = slots[slot]
         if old is node:
             return
         if old is not None:
-            old.spins -= 1
+            if released is None:
+                old.spins -= 1
+            else:
+                released.append(old)
         if node is not None:
             node.spins += 1
         slots[slot] = node
@@ -330,14 +337,22 @@ class GhostCache:
             del self._fork[request]
             if nodes[keys[fork - 1]].snapshot is None:
                 self._attach(nodes[keys[fork - 1]], "branch")
+        # The engine allocated these pages while the request held the snapshots it resumed
+        # from and published last, so their room is made with those held (let go first, a
+        # reasoning turn's prompt end was the victim of its own finish: docs/policy.md).
+        released: list[GhostNode] = []
         slots = self._snap_held.get(request)
         if slots is not None and slots[0] is not None and len(keys) > slots[0].depth:
-            self._hold_snapshot(request, 0, None)   # published past its resume point: its engine has read it
+            self._hold_snapshot(request, 0, None, released)   # published past its resume point: read
         if snapshot and keys:
             self._attach(parent, why)
-            self._hold_snapshot(request, 1, parent)
+            self._hold_snapshot(request, 1, parent, released)
         if self.used > self.capacity:
             self._evict()
+        for node in released:
+            node.spins -= 1
+        if released and self.used > self.capacity:
+            self._evict()   # nothing else could go: what was held goes now, as it would have
 
     def release(self, request: object) -> None:
         """The request ended: its pins go."""
