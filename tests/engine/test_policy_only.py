@@ -44,7 +44,7 @@ CASES = {
     "multi-turn, hybrid, shared_host, exclusive, adaptive switching": (
         "tiny-hybrid", lambda: chat(16),
         dict(HYBRID_TIGHT, eviction="adaptive", adaptive_window=8, adaptive_margin=0.0, adaptive_z=0.0, adaptive_trial=4,
-             device_bytes=24 * KiB, host_bytes=16 * KiB),
+             device_bytes=28 * KiB, host_bytes=12 * KiB),
         {}, ("device_demoted_pages", "host_evicted_pages", "host_released_pages", "compaction_moves",
              "snapshots_evicted_device", "snapshots_evicted_host", "host_hit_tokens", "policy_switches", "policy_trials")),
     "agentic, hybrid, shared arenas, exclusive, lru": (
