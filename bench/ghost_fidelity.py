@@ -14,9 +14,9 @@ pages (fixed at the seventeenth freeze; ``docs/policy.md``, "Ghosts")::
 The replay runs policy-only (``--bytes none --storage none://``) with ``--eviction
 adaptive``, ``--follow`` first among the candidates and a window no run reaches, so the
 cache ranks by that order throughout (the floor's second order included, when it is
-``lru``) while every candidate's ghost is fed its events. A request's kind is its
-conversation id up to the first ``-`` or digit (the mix's ``agent``, ``rag``, ``reason``,
-``syn``); a trace without conversation ids is one kind. Each admission counts, a preempted
+``lru``, whose column it stays in) while every candidate's ghost is fed its events. A
+request's kind is its conversation id up to the first ``-`` or digit (the mix's ``agent``,
+``rag``, ``reason``, ``syn``); a trace without conversation ids is one kind. Each admission counts, a preempted
 request's re-admission too. ``ratio`` is the followed ghost's pages over the cache's:
 above 1 the ghost promises hits the cache does not get. Nothing is asserted.
 """
@@ -70,7 +70,8 @@ class Recorder:
 
         def on_lookup(sel, request, keys, prompt_pages=None):
             changed = lookup(sel, request, keys, prompt_pages)
-            rec.names = tuple(c.name for c in sel.candidates)
+            if not rec.names:   # as named at the start: the floor's second order counts as lru
+                rec.names = tuple(c.name for c in sel.candidates)
             rec._pending[request] = sel._recent[-1]
             return changed
 
