@@ -32,9 +32,9 @@ What a ghost holds::
               decode's marked ``decoded`` until a request goes through them; the snapshot
               attached with the boundary's kind; once past the request's fork, a
               ``branch`` snapshot there if it has none (the engine leaves one where its
-              own tree forks: each ghost takes the forks of its own tree); the room
-              made with the snapshots the request held until now still held (the
-              engine allocated those pages while it held them), then they are let go
+              own tree forks: each ghost takes the forks of its own tree); room for
+              the pages made while the request still holds the snapshots it held
+              before (the engine allocated them meanwhile), which are let go after
     expect    the resume path and snapshot touched (a queued request), nothing pinned
     release   the request's pins go
     evict     while over capacity: the smallest of
