@@ -56,7 +56,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, Hashable, Sequence
 
-from hicache.tree.ghost_nodes import GhostNode, GhostSnapshot, check_trie, copy_trie
+from hicache.tree.ghost_nodes import GhostNode, GhostSnapshot, check_trie, copy_trie, heap_top, live_heap
 
 if TYPE_CHECKING:
     from hicache.tree.eviction import EvictionStrategy
@@ -365,27 +365,13 @@ class GhostCache:
         self._fork.pop(request, None)
 
     # -- eviction ----------------------------------------------------------------------------
-    def _top(self, heap: list[tuple], snaps: bool, held: list[tuple]) -> tuple | None:
-        while heap:
-            entry = heap[0]
-            node = entry[2]
-            live = node.sgen == entry[1] if snaps else node.gen == entry[1]
-            if not live:
-                heapq.heappop(heap)
-                continue
-            if node.spins if snaps else node.pins:
-                held.append(heapq.heappop(heap))
-                continue
-            return entry
-        return None
-
     def _evict(self) -> None:
         held_p: list[tuple] = []
         held_s: list[tuple] = []
         try:
             while self.used > self.capacity:
-                p = self._top(self._pages, False, held_p)
-                s = self._top(self._snaps, True, held_s)
+                p = heap_top(self._pages, False, held_p)
+                s = heap_top(self._snaps, True, held_s)
                 if p is None and s is None:
                     return
                 if p is not None and (s is None or p[0] <= s[0]):
@@ -400,14 +386,7 @@ class GhostCache:
             for e in held_s:
                 heapq.heappush(self._snaps, e)
             if len(self._pages) + len(self._snaps) > 4 * len(self.nodes) + 64:
-                self._compact()
-
-    def _compact(self) -> None:
-        """Drop superseded heap entries (lazy deletion leaves one per re-push)."""
-        self._pages = [e for e in self._pages if e[2].gen == e[1]]
-        self._snaps = [e for e in self._snaps if e[2].sgen == e[1]]
-        heapq.heapify(self._pages)
-        heapq.heapify(self._snaps)
+                self._pages, self._snaps = live_heap(self._pages, False), live_heap(self._snaps, True)
 
     def check(self) -> None:
         """Recount what the ghost holds (tests)."""

@@ -6,12 +6,13 @@ reads, so the same strategy object ranks victims in the real tree and in every g
 
 from __future__ import annotations
 
+import heapq
 from typing import Hashable
 
 import numpy as np
 import xxhash
 
-__all__ = ["GhostNode", "GhostSnapshot", "check_trie", "copy_trie", "page_keys"]
+__all__ = ["GhostNode", "GhostSnapshot", "check_trie", "copy_trie", "heap_top", "live_heap", "page_keys"]
 
 
 class GhostSnapshot:
@@ -109,3 +110,27 @@ def page_keys(tokens: np.ndarray, page_tokens: int, pages: int, root: int = 0) -
         key = digest(raw[i * width: (i + 1) * width], seed=key)
         keys.append(key)
     return keys
+
+
+def heap_top(heap: list[tuple], snaps: bool, held: list[tuple]) -> tuple | None:
+    """The first live entry of a ghost's victim heap (``(key, seq, node)``; ``snaps``: the
+    snapshot heap, live while the node's ``sgen`` is ``seq``, else its ``gen``) that no
+    running request pins. Stale entries (lazy deletion) are popped; pinned ones are moved
+    to ``held``, for the caller to push back once it is done evicting."""
+    while heap:
+        entry = heap[0]
+        node = entry[2]
+        if entry[1] != (node.sgen if snaps else node.gen):
+            heapq.heappop(heap)
+        elif node.spins if snaps else node.pins:
+            held.append(heapq.heappop(heap))
+        else:
+            return entry
+    return None
+
+
+def live_heap(heap: list[tuple], snaps: bool) -> list[tuple]:
+    """The heap without its stale entries (lazy deletion leaves one per re-push)."""
+    out = [e for e in heap if e[1] == (e[2].sgen if snaps else e[2].gen)]
+    heapq.heapify(out)
+    return out
