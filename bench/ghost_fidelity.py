@@ -95,18 +95,17 @@ class Recorder:
             PolicySelector.lookup, CacheExecutor.admit = lookup, admit   # type: ignore[method-assign]
 
 
-def run(follow: str, replay_args: list[str]) -> tuple[dict, Recorder]:
-    """One replay following ``follow``; returns its summary and the recorder."""
+def run(follow: str, replay_args: list[str]) -> tuple[int, dict, Recorder]:
+    """One replay following ``follow`` (its progress line on stderr, as ``hicache replay``
+    prints it); returns its exit status, its summary (empty unless 0) and the recorder."""
     candidates = [follow] + [c for c in DEFAULT_CANDIDATES if c != follow]
     argv = ["replay", *replay_args, "--bytes", "none", "--storage", "none://", "--eviction", "adaptive",
-            "--candidates", ",".join(candidates), "--adaptive-window", NEVER, "--json", "--quiet"]
+            "--candidates", ",".join(candidates), "--adaptive-window", NEVER, "--json"]
     rec = Recorder()
     out = io.StringIO()
     with rec.attached(), contextlib.redirect_stdout(out):
-        rc = hicache_main(argv)
-    if rc not in (0, None):
-        raise SystemExit(rc)
-    return json.loads(out.getvalue()), rec
+        rc = hicache_main(argv) or 0
+    return rc, (json.loads(out.getvalue()) if rc == 0 else {}), rec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ghost_fidelity: --follow {a.follow}: not a candidate ({', '.join(DEFAULT_CANDIDATES)})",
               file=sys.stderr)
         return 2
-    summary, rec = run(a.follow, argv[split + 1:])
+    rc, summary, rec = run(a.follow, argv[split + 1:])
+    if rc:
+        return rc   # the replay named what was wrong, in one line on stderr
     kinds = sorted(rec.rows)
     rows = [{"kind": k, **rec.rows[k], "ratio": round(rec.rows[k][a.follow] / max(rec.rows[k]["real"], 1), 3)}
             for k in kinds]

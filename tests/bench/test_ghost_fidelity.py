@@ -45,3 +45,9 @@ def test_an_order_that_is_not_a_candidate_is_one_line_and_exit_2(capsys):
     assert gf.main(["--follow", "fifo", "--", *MIX]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--follow fifo" in err
+
+
+def test_a_bad_replay_argument_is_the_replays_one_line_and_exit_2(capsys):
+    assert gf.main(["--", "--config", "deepseek-v4-flash", "--device-gib", "-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "--device-gib" in captured.err and captured.out == ""
