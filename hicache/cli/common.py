@@ -113,3 +113,36 @@ def parse_candidates(flag: str, text: str) -> tuple[str, ...]:
     if not names or any(n not in ADAPTIVE_CANDIDATES for n in names) or len(set(names)) != len(names):
         raise ConfigError(flag, text, f"must list distinct names from {','.join(ADAPTIVE_CANDIDATES)}")
     return names
+
+
+# ``eviction: adaptive``'s flags, one wording for every command that takes them (replay,
+# sweep through replay, stress). Each command passes its own defaults and the note on them.
+_ADAPTIVE_FLAGS: tuple[tuple[str, dict[str, Any], str], ...] = (
+    ("--candidates", {"metavar": "P,P,..."},
+     "the orders it chooses among online, by the hits of a ghost cache each"),
+    ("--adaptive-window", {"type": int, "metavar": "N"},
+     "lookups over which the ghosts are compared, and before which none switches"),
+    ("--adaptive-record", {"type": int, "metavar": "W"},
+     "windows over which a candidate must not have hit less than LRU's ghost to be taken"),
+    ("--adaptive-z", {"type": float, "metavar": "Z"},
+     "a switch's lead must also exceed Z standard deviations of the per-lookup hit differences behind it"),
+    ("--adaptive-trial", {"type": int, "metavar": "N"},
+     "try a switch for N lookups in a copy of the followed ghost first, and take it only if the copy "
+     "beat staying"),
+    ("--adaptive-dead-outputs", {"type": int, "metavar": "N"},
+     "once N prompts went on past a decode's start without entering its output (and none entered one), "
+     "the LRU floor drops such idle tails first"),
+    ("--adaptive-floor", {"choices": ["on", "off"]},
+     "leave a followed candidate as soon as its ghost hits less than LRU's over the window"),
+)
+
+
+def add_adaptive_flags(p: Any, defaults: dict[str, Any], notes: dict[str, str]) -> None:
+    """Add ``--candidates`` and the ``--adaptive-*`` flags to parser ``p``. ``defaults``: a
+    flag's default by its dest (absent: None, the config's); ``notes``: the text in the
+    help's parentheses by dest (absent: "default: the config's" or "default D")."""
+    for flag, kwargs, text in _ADAPTIVE_FLAGS:
+        dest = flag[2:].replace("-", "_")
+        default = defaults.get(dest)
+        note = notes.get(dest) or ("default: the config's" if default is None else f"default {default}")
+        p.add_argument(flag, default=default, help=f"eviction adaptive: {text} ({note})", **kwargs)

@@ -29,8 +29,8 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from hicache.cli.common import (at_least, check_output, parse_candidates, parse_retention, positive_number,
-                                resolve_config)
+from hicache.cli.common import (add_adaptive_flags, at_least, check_output, parse_candidates, parse_retention,
+                                positive_number, resolve_config)
 from hicache.cli.limits import check_units
 from hicache.cli.progress import Progress
 from hicache.cli.replay_report import build_summary, emit, print_summary
@@ -95,28 +95,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device-snapshots", type=int, help="device state snapshots")
     p.add_argument("--host-snapshots", type=int, help="host state snapshots")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (keep every snapshot)")
-    p.add_argument("--candidates", metavar="P,P,...",
-                   help="eviction adaptive: the orders it chooses among online, by the hits of a ghost cache "
-                        "each (default: the config's; docs/policy.md)")
-    p.add_argument("--adaptive-window", type=int, metavar="N",
-                   help="eviction adaptive: lookups over which the ghosts are compared, and before which "
-                        "none switches (default: the config's)")
-    p.add_argument("--adaptive-record", type=int, metavar="W",
-                   help="eviction adaptive: windows over which a candidate must not have hit less than LRU's "
-                        "ghost to be taken (default: the config's)")
-    p.add_argument("--adaptive-z", type=float, metavar="Z",
-                   help="eviction adaptive: a switch's lead must also exceed Z standard deviations of the "
-                        "per-lookup hit differences behind it (default: the config's, 2; 0 off)")
-    p.add_argument("--adaptive-trial", type=int, metavar="N",
-                   help="eviction adaptive: try a switch for N lookups in a copy of the followed ghost first, "
-                        "and take it only if the copy beat staying (default: the config's; 0 off)")
-    p.add_argument("--adaptive-dead-outputs", type=int, metavar="N",
-                   help="eviction adaptive: once N prompts went on past a decode's start without entering its "
-                        "output (and none entered one), the LRU floor drops such idle tails first "
-                        "(default: the config's, 32; 0 off)")
-    p.add_argument("--adaptive-floor", choices=["on", "off"],
-                   help="eviction adaptive: leave a followed candidate as soon as its ghost hits less than "
-                        "LRU's over the window (default: the config's, on)")
+    add_adaptive_flags(p, {}, {"candidates": "default: the config's; docs/policy.md",
+                               "adaptive_z": "default: the config's, 2; 0 off",
+                               "adaptive_trial": "default: the config's; 0 off",
+                               "adaptive_dead_outputs": "default: the config's, 32; 0 off",
+                               "adaptive_floor": "default: the config's, on"})
     p.add_argument("--prefetch-policy", choices=["best_effort", "wait_complete", "timeout"],
                    help="how long admission waits for an L3 prefetch (default: the config's)")
     p.add_argument("--l3-admit", choices=["off", "published", "reused"],

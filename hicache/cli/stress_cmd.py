@@ -3,9 +3,8 @@
     hicache stress --config PATH [--ops N] [--seed S | --seeds A-B] [--max-running N]
                    [--device-pages N] [--host-pages N] [--device-snapshots N] [--host-snapshots N]
                    [--write-policy P] [--host-tier inclusive|exclusive] [--eviction lru|lfu|value]
-                   [--retention N|none] [--candidates P,P] [--adaptive-window N]
-                   [--adaptive-floor on|off] [--adaptive-record W] [--adaptive-z Z] [--adaptive-trial N]
-                   [--adaptive-dead-outputs N]
+                   [--retention N|none] [--candidates P,P] [--adaptive-window N] [--adaptive-record W]
+                   [--adaptive-z Z] [--adaptive-trial N] [--adaptive-dead-outputs N] [--adaptive-floor on|off]
                    [--max-queued-ops N] [--prefetch F]
                    [--fault-rate F] [--json]
 
@@ -23,7 +22,7 @@ import dataclasses
 import time
 import traceback
 
-from hicache.cli.common import at_least, parse_candidates, parse_retention, print_json, resolve_config
+from hicache.cli.common import add_adaptive_flags, at_least, parse_candidates, parse_retention, print_json, resolve_config
 from hicache.cli.limits import check_seed_range
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
@@ -59,26 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="override the config's host tier (exclusive needs --write-policy write_back)")
     p.add_argument("--eviction", choices=EVICTION_POLICIES, help="override the config's eviction order")
     p.add_argument("--retention", help="retention interval in tokens, or 'none' (default: the config's)")
-    p.add_argument("--candidates", metavar="P,P,...",
-                   help="eviction adaptive: the orders it chooses among (default: the config's)")
-    p.add_argument("--adaptive-window", type=int, default=16, metavar="N",
-                   help="eviction adaptive: lookups the ghosts are compared over (default 16, small so the "
-                        "stress loop switches orders often)")
-    p.add_argument("--adaptive-floor", choices=["on", "off"],
-                   help="eviction adaptive: leave a candidate whose ghost falls under LRU's (default: the config's)")
-    p.add_argument("--adaptive-record", type=int, metavar="W",
-                   help="eviction adaptive: windows over which a candidate taken must not be behind LRU "
-                        "(default: the config's)")
-    p.add_argument("--adaptive-z", type=float, default=0.0, metavar="Z",
-                   help="eviction adaptive: standard deviations a switch's lead must clear (default 0, so the "
-                        "stress loop switches orders often; the shipped config's is 2)")
-    p.add_argument("--adaptive-trial", type=int, default=0, metavar="N",
-                   help="eviction adaptive: lookups a switch is tried for in a copy of the followed ghost "
-                        "before it is taken (default 0: at once)")
-    p.add_argument("--adaptive-dead-outputs", type=int, metavar="N",
-                   help="eviction adaptive: prompts seen to go past a decode's start without entering it, none "
-                        "into one, before the floor drops idle tails first (default: the config's; 1 makes "
-                        "the floor change order early and back at the first follow-up)")
+    add_adaptive_flags(p, {"adaptive_window": 16, "adaptive_z": 0.0, "adaptive_trial": 0}, {
+        "adaptive_window": "default 16, small so the stress loop switches orders often",
+        "adaptive_z": "default 0, so the stress loop switches orders often; the shipped config's is 2",
+        "adaptive_trial": "default 0: at once",
+        "adaptive_dead_outputs": "default: the config's; 1 makes the floor change order early and back at "
+                                 "the first follow-up"})
     p.add_argument("--max-queued-ops", type=int,
                    help="copies the transfer queue holds before a submission is refused (default 4096)")
     p.add_argument("--prefetch", type=float, default=0.5,
