@@ -22,7 +22,8 @@ import dataclasses
 import time
 import traceback
 
-from hicache.cli.common import add_adaptive_flags, at_least, parse_candidates, parse_retention, print_json, resolve_config
+from hicache.cli.common import (add_adaptive_flags, at_least, parse_candidates, parse_retention, print_json,
+                                resolve_config)
 from hicache.cli.limits import check_seed_range
 from hicache.cli.progress import Progress
 from hicache.cli.table import render_table
