@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -137,7 +138,7 @@ _ADAPTIVE_FLAGS: tuple[tuple[str, dict[str, Any], str], ...] = (
 )
 
 
-def add_adaptive_flags(p: Any, defaults: dict[str, Any], notes: dict[str, str]) -> None:
+def add_adaptive_flags(p: argparse.ArgumentParser, defaults: dict[str, Any], notes: dict[str, str]) -> None:
     """Add ``--candidates`` and the ``--adaptive-*`` flags to parser ``p``. ``defaults``: a
     flag's default by its dest (absent: None, the config's); ``notes``: the text in the
     help's parentheses by dest (absent: "default: the config's" or "default D")."""

@@ -127,4 +127,3 @@ def test_shared_budget_runs_clean_over_seeds(capsys):
     assert rc == 0 and out["seeds_run"] == 3 and out["failed_seeds"] == 0
     assert out["integrity_errors"] == out["mismatched_pages"] == out["crashes"] == 0
     assert out["verified_pages"] > 0
-
