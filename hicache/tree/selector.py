@@ -28,7 +28,8 @@ selector compares the candidates' ghost hits over the last ``window`` lookups::
     trial      (``trial`` > 0) a switch the cache could decline is not taken at once: the
                followed candidate's ghost is cloned, the clone ranks by the new order,
                and after ``trial`` lookups the switch is taken if the clone beat the
-               followed ghost by a lead clear of its spread (no margin) and the
+               followed ghost by the lead a window asks, counted over the trial's
+               lookups, and one clear of its spread, and the
                candidate's own ghost is not under the floor's then, else dropped; and
                the floor's exit goes to the floor itself, every other candidate being
                tried from there
@@ -92,8 +93,15 @@ never recovered what it had dropped (59.6% against `--eviction lru`'s 60.8%). Th
 is exactly that transition -- the followed ghost at the moment of the switch, ranking by
 the new order, fed the same events as every ghost since -- beside the counterfactual of
 not switching (the followed ghost itself). There the clone trailed by 1,038 pages after
-275 lookups, and the switch was dropped. No margin is asked of the clone: the margin
-stands in for a switch's unseen cost, which the clone has paid. The price is time: a
+275 lookups, and the switch was dropped. The clone must lead by the same margin a window
+asks, counted over the trial's own lookups: the clone has paid the switch's cost, but it
+is a ghost, and the ghosts are off the cache by a few percent either way, so a smaller
+lead is not evidence that the cache would gain. Without it (before the eighteenth freeze),
+on a mix (seed 138, host 0.25 GiB) a `reuse-prompt` clone led LRU's ghost by 249 pages over
+300 lookups, 5.6% of the followed ghost's hits but under the margin (3% of the 9,430 pages
+looked up: 283), most of it in four lumps; taken at lookup 1,089, the real cache ended 81
+pages under a run that stayed with LRU (one reasoning chain of 65 pages dropped in the
+transition, a page or two on each of twenty RAG requests). The price is time: a
 switch that pays is taken ``trial`` lookups late. Two consequences: a trial whose
 candidate's own ghost has fallen under the floor's by its end is dropped (taken, the
 floor's exit would leave it at the next lookup: on a mix, seed 128, a `probation` trial
@@ -157,14 +165,15 @@ class SelectorStats:
 class _Trial:
     """A switch on trial: ``ghost`` is the followed candidate's ghost as it stood when the
     trial began, ranking by the candidate's order since; each lookup adds its hits minus
-    the followed ghost's (``lead``; ``sq``, the sum of their squares)."""
+    the followed ghost's (``lead``; ``sq``, the sum of their squares), its pages looked up
+    (``pages``) and the followed ghost's hits (``base``): what the lead is measured against."""
 
-    __slots__ = ("candidate", "ghost", "lead", "sq", "lookups")
+    __slots__ = ("candidate", "ghost", "lead", "sq", "lookups", "pages", "base")
 
     def __init__(self, candidate: int, ghost: GhostCache):
         self.candidate = candidate
         self.ghost = ghost
-        self.lead = self.sq = self.lookups = 0
+        self.lead = self.sq = self.lookups = self.pages = self.base = 0
 
 
 class PolicySelector:
@@ -239,6 +248,8 @@ class PolicySelector:
             t.lead += d
             t.sq += d * d
             t.lookups += 1
+            t.pages += len(keys)
+            t.base += hits[self.followed]
         self.lookups += 1
         self.looked_up_pages += n
         for i, h in enumerate(hits):
@@ -350,8 +361,9 @@ class PolicySelector:
 
     def _judge_trial(self, trusted: list[int]) -> bool:
         """The trial, once ``trial`` lookups long, is taken if its clone beat the followed
-        ghost by a lead clear of its spread, else dropped. No margin: the margin stands in
-        for a switch's unseen cost, which the clone has paid."""
+        ghost by the lead a window asks, counted over the trial's lookups, and one clear of
+        its spread, else dropped (docstring above: the clone paid the switch's cost, not
+        the ghosts' error)."""
         t = self._trial
         if t is None or t.lookups < self.trial:
             return False
@@ -359,7 +371,7 @@ class PolicySelector:
         c = t.candidate
         if self._floor is not None and self._sums[c] < self._sums[self._floor]:
             return False   # its own ghost is under the floor now: the exit would follow at once
-        if c in trusted and self._stands_clear(t.lead, t.sq):
+        if c in trusted and t.lead > self._lead_needed(t.pages, t.base) and self._stands_clear(t.lead, t.sq):
             return self._switch(c)
         return False
 
@@ -371,12 +383,14 @@ class PolicySelector:
         bar = self._record_sums[self._floor]
         return [i for i, s in enumerate(self._record_sums) if s >= bar]
 
-    def _lead_needed(self) -> float:
-        """Ghost hit pages by which a candidate must beat the followed one (docstring above)."""
-        pages = self.margin * self._pages_sum
+    def _lead_needed(self, looked_up: int | None = None, hits: int | None = None) -> float:
+        """Ghost hit pages by which a candidate must beat the followed one (docstring above),
+        over ``looked_up`` pages where the followed one hit ``hits`` (default: the window)."""
+        pages = self.margin * (self._pages_sum if looked_up is None else looked_up)
         if self.margin_hits <= 0:
             return pages
-        return max(min(pages, self.margin_hits * self._sums[self.followed]), pages / 10)
+        base = self._sums[self.followed] if hits is None else hits
+        return max(min(pages, self.margin_hits * base), pages / 10)
 
     # The cache's events go to every candidate's ghost and to a running trial's clone.
     def publish(self, request: object, keys: Sequence[Hashable], why: str, snapshot: bool) -> None:

@@ -312,6 +312,8 @@ def test_a_switch_on_trial_is_taken_when_its_clone_beat_staying():
     [8.0] * 80,                    # the switch costs: what c1 drops first, LRU's state still needed
     [10.0] * 80,                   # a tie: not worth paying for
     [10.0] * 9 + [40.0] * 71,      # +30 in one lookup: a lump, not clear of its spread
+    [10.5] * 80,                   # clear (a steady half page a lookup), but 5 pages: under
+                                   # the window's lead over the trial's 10 lookups (10 pages)
 ])
 def test_a_switch_whose_clone_did_not_clearly_beat_staying_is_not_taken(c1_clone):
     # c1's own ghost keeps its lead, so trials follow one another (each from where LRU's
