@@ -53,35 +53,27 @@ near-empty windows (a cold cache, hit rates near 0) from switching on a page or 
 
 Why a record. A window's lead says what paid lately, not what will next; a candidate whose
 rule is wrong for the traffic at hand can still lead over one window by luck, and its
-mistakes then come due at once. On a bursty mix (seed 119, host 0.5 GiB) `value` led LRU's
-ghost by 311 pages over the 300 lookups before lookup 774 while trailing it by 880 over all
-774. Taken, it dropped the snapshot of a prefix that a burst of 20 lookups resumed from 76
-lookups later (its ghost 190 pages against LRU's 518 over those 20), and the run ended 1.2
-points under `--eviction lru`. `reuse`, which led by almost as much (270) and was ahead
-over the whole run too, kept it. A candidate is trusted for what it did over ``record`` lookups
-(``record_windows`` windows), a span long enough that one lucky window does not carry it and
-short enough that a change of traffic is followed within it.
+mistakes then come due at once (a bursty mix, seed 119: `value` led LRU's ghost by 311
+pages over the window before lookup 774 while trailing it by 880 over all 774; taken, it
+dropped a snapshot a burst resumed from 76 lookups later, and the run ended 1.2 points
+under `--eviction lru`; docs/policy.md). A candidate is trusted for what it did over
+``record`` lookups (``record_windows`` windows), a span long enough that one lucky window
+does not carry it and short enough that a change of traffic is followed within it.
 
 Why a lead must stand clear of its spread. Hits come in lumps: a request that resumes
 resumes its whole chain, tens of pages at once on block-hash traces of long prompts. A
 lead of the margin can then be one or two requests that one order happened to keep, and
-the next window as likely favours the other order. On Mooncake's public synthetic trace
-(3,993 requests of 15k tokens on average, 512-token blocks; device 0.5 GiB, host 1 GiB)
-the ghosts hit 2-4% of the pages looked up, the hit margin asked for about 40 pages, and
-`probation` led LRU's ghost by 56 pages after the first window: taken, left at lookup
-1,701 when it fell under LRU, and so on for 12 switches; the run ended at 14.47% against
-`--eviction lru`'s 15.01%. The sum of per-lookup differences is a random walk when
-neither order is better; ``z`` asks that it be more than ``z`` standard deviations of
-such a walk (sqrt of the sum of the squared differences), so a lead made of a few lumps
-is not taken, while one made of many small steps -- an order that keeps winning -- is.
-It decides whether a switch is worth paying for, so it never forces one, and a run that
-never switched is unchanged. The floor's exit cannot decline: a candidate under LRU is
-left at once. It goes to the best candidate lately only if that one's lead over LRU across
-the record (``record`` lookups) is clear, else to LRU: a candidate tied with LRU is not
-worth a second switch (on the trace above, exits to such ties cost 0.2 more), while one
-ahead over the longer span is (a window-only test sent a mix-poisson run back to LRU at
-lookup 729 instead of to `reuse-prompt`, ahead over the record by 362 pages: 53.7 where
-the record test gives 54.9).
+the next window as likely favours the other order (Mooncake's synthetic trace: 12
+switches on such leads, 14.47% against `--eviction lru`'s 15.01%). The sum of per-lookup
+differences is a random walk when neither order is better; ``z`` asks that it be more
+than ``z`` standard deviations of such a walk (sqrt of the sum of the squared
+differences), so a lead made of a few lumps is not taken, while one made of many small
+steps -- an order that keeps winning -- is. It decides whether a switch is worth paying
+for, so it never forces one, and a run that never switched is unchanged. The floor's exit
+cannot decline: a candidate under LRU is left at once. It goes to the best candidate
+lately only if that one's lead over LRU across the record (``record`` lookups) is clear,
+else to LRU: a candidate tied with LRU is not worth a second switch, while one ahead over
+the longer span is (docs/policy.md).
 
 Why a trial. A candidate's ghost has followed its order all along; the real cache, on
 switching, starts from what the followed order kept and must give that up to reach the
@@ -93,15 +85,10 @@ never recovered what it had dropped (59.6% against `--eviction lru`'s 60.8%). Th
 is exactly that transition -- the followed ghost at the moment of the switch, ranking by
 the new order, fed the same events as every ghost since -- beside the counterfactual of
 not switching (the followed ghost itself). There the clone trailed by 1,038 pages after
-275 lookups, and the switch was dropped. The clone must lead by the same margin a window
-asks, counted over the trial's own lookups: the clone has paid the switch's cost, but it
-is a ghost, and the ghosts are off the cache by a few percent either way, so a smaller
-lead is not evidence that the cache would gain. Without it (before the eighteenth freeze),
-on a mix (seed 138, host 0.25 GiB) a `reuse-prompt` clone led LRU's ghost by 249 pages over
-300 lookups, 5.6% of the followed ghost's hits but under the margin (3% of the 9,430 pages
-looked up: 283), most of it in four lumps; taken at lookup 1,089, the real cache ended 81
-pages under a run that stayed with LRU (one reasoning chain of 65 pages dropped in the
-transition, a page or two on each of twenty RAG requests). The price is time: a
+275 lookups, and the switch was dropped. The clone must lead by the margin a window asks,
+counted over the trial's lookups: it has paid the switch's cost, but it is a ghost, off
+the cache by a few percent either way (a mix, seed 138: a clone 2.6% of the pages ahead,
+taken, and the cache 81 pages under staying; docs/policy.md). The price is time: a
 switch that pays is taken ``trial`` lookups late. Two consequences: a trial whose
 candidate's own ghost has fallen under the floor's by its end is dropped (taken, the
 floor's exit would leave it at the next lookup: on a mix, seed 128, a `probation` trial
